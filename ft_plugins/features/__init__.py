@@ -1,0 +1,14 @@
+"""The feature registry: every feature ft_plugins knows, by the name used in CLI, env, config and logs."""
+
+from __future__ import annotations
+
+from ft_plugins.config import Option
+from ft_plugins.features.base import Feature
+from ft_plugins.features.mstx import Mstx
+from ft_plugins.features.taskd import Taskd
+
+FEATURES: dict[str, type[Feature]] = {feature.name: feature for feature in (Taskd, Mstx)}
+
+
+def declared_options() -> dict[str, tuple[Option, ...]]:
+    return {name: feature.options for name, feature in FEATURES.items()}

@@ -1,0 +1,38 @@
+"""``taskd``: start this process's TaskD worker after distributed init, with the global rank."""
+
+from __future__ import annotations
+
+import logging
+
+from ft_plugins.config import Option, parse_positive_int
+from ft_plugins.features.base import Feature
+from ft_plugins.vendors.taskd import TaskdWorker, load_worker_api
+
+log = logging.getLogger("ft_plugins.taskd")
+
+
+class Taskd(Feature):
+    name = "taskd"
+    summary = "TaskD worker for process recovery and slow-node profiling"
+    options = (
+        Option("disk_limit_mb", 5000, "disk budget in MB for TaskD's profiling output", parse_positive_int),
+    )
+
+    def start(self) -> str:
+        self.worker = TaskdWorker(load_worker_api(), self.settings["disk_limit_mb"])
+        return "TaskD worker API found"
+
+    def start_worker(self, rank: int | None) -> bool:
+        """Start the worker once; ``rank=None`` means the caller could not tell the global rank."""
+        if rank is None:
+            if not self.worker.attempted:
+                self.worker.attempted = True
+                log.warning("taskd: cannot determine the global rank (distributed not initialized and "
+                            "RANK unset); worker not started")
+            return False
+        return self.worker.start(rank, self.framework)
+
+    def activity(self) -> str:
+        if self.worker.started_rank is not None:
+            return f"worker started on rank {self.worker.started_rank}"
+        return "worker start attempted and failed" if self.worker.attempted else "worker not started yet"

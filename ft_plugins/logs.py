@@ -1,0 +1,22 @@
+"""Make ft_plugins' start-up lines visible in training logs without taking over the user's logging."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+
+def setup(level: str) -> None:
+    """Give the ``ft_plugins`` logger a stderr handler unless the application configured logging.
+
+    When the root logger already has handlers, records simply propagate there.
+    """
+    logger = logging.getLogger("ft_plugins")
+    logger.setLevel(level.upper())
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    rank = os.environ.get("RANK", os.environ.get("RANK_ID", "?"))
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(f"[%(name)s rank {rank}] %(levelname)s %(message)s"))
+    logger.addHandler(handler)
+    logger.propagate = False

@@ -1,0 +1,126 @@
+"""Reversible monkeypatching that reaches every reference, as MindSpeed's patch manager does.
+
+A :class:`Patch` names a function by module and attribute. Applying it wraps the function with
+``wrapt`` and rebinds every module global that held the original object, so copies made with
+``from megatron.training.training import train_step`` are patched too. Patches for modules not
+imported yet are applied by a post-import hook, so import order does not matter. ``remove()``
+puts back the original objects exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Callable
+
+import wrapt
+
+log = logging.getLogger("ft_plugins")
+
+Wrapper = Callable[[Callable[..., Any], Any, tuple, dict], Any]
+
+
+@dataclass(frozen=True)
+class Patch:
+    module: str
+    attribute: str
+    wrapper: Wrapper
+    required: bool = True
+
+
+class MissingSymbol(LookupError):
+    """A patch target does not exist in the imported module (the framework moved it)."""
+
+
+class PatchSet:
+    """A group of patches applied and removed together (one feature's hooks into one framework).
+
+    ``on_missing(patch_set, error)`` is called when a target module turns out to lack a symbol;
+    the set is then removed whole, so a feature is never half-applied.
+    """
+
+    def __init__(self, name: str, patches: tuple[Patch, ...],
+                 on_missing: Callable[["PatchSet", MissingSymbol], None]) -> None:
+        self.name = name
+        self.patches = patches
+        self._on_missing = on_missing
+        self._active = False
+        self._wrapped: dict[int, tuple[Any, Any]] = {}  # id(wrapper) -> (wrapper, original)
+
+    @property
+    def applied(self) -> bool:
+        return bool(self._wrapped)
+
+    def apply(self) -> None:
+        if self._active:
+            return
+        self._active = True
+        for module_name in {patch.module for patch in self.patches}:
+            _when_imported(module_name, self._module_ready)
+
+    def remove(self) -> None:
+        """Put the originals back everywhere, including references taken after patching."""
+        self._active = False
+        _rebind(self._wrapped)
+        self._wrapped.clear()
+
+    def _module_ready(self, module: ModuleType) -> None:
+        if not self._active:
+            return
+        patches = [patch for patch in self.patches if patch.module == module.__name__]
+        missing = [patch.attribute for patch in patches if patch.required and not hasattr(module, patch.attribute)]
+        if missing:
+            error = MissingSymbol(f"{module.__name__}.{', '.join(missing)} is missing")
+            self.remove()
+            self._on_missing(self, error)
+            return
+        replacements: dict[int, tuple[Any, Any]] = {}
+        for patch in patches:
+            original = getattr(module, patch.attribute, None)
+            if original is None or id(original) in self._wrapped:
+                continue  # optional and absent, or already our wrapper (imported after patching)
+            wrapper = wrapt.FunctionWrapper(original, patch.wrapper)
+            replacements[id(original)] = (original, wrapper)
+            self._wrapped[id(wrapper)] = (wrapper, original)
+        _rebind(replacements)
+
+
+def _rebind(replacements: dict[int, tuple[Any, Any]]) -> None:
+    """In every imported module, replace each global that *is* ``old`` by ``new`` ({id(old): (old, new)})."""
+    if not replacements:
+        return
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for name, value in list(namespace.items()):
+            hit = replacements.get(id(value))
+            if hit is not None and hit[0] is value:
+                namespace[name] = hit[1]
+
+
+_hooked: dict[str, list[Callable[[ModuleType], None]]] = {}
+
+
+def _when_imported(module_name: str, callback: Callable[[ModuleType], None]) -> None:
+    """Run ``callback(module)`` now if imported, else right after the module is first imported."""
+    callbacks = _hooked.get(module_name)
+    if callbacks is None:
+        callbacks = _hooked[module_name] = []
+
+        def run_all(module: ModuleType) -> None:
+            for registered in list(_hooked[module_name]):
+                registered(module)
+
+        wrapt.register_post_import_hook(run_all, module_name)
+        if module_name in sys.modules:
+            # wrapt fires at once for an imported module; nothing was registered yet then.
+            callbacks.append(callback)
+            callback(sys.modules[module_name])
+            return
+    if callback not in callbacks:
+        callbacks.append(callback)
+    if module_name in sys.modules:
+        callback(sys.modules[module_name])

@@ -1,0 +1,75 @@
+"""PyTorch side: ``import ft_plugins.torch`` turns on the configured features for Megatron / MindSpeed-LLM.
+
+Importing this module calls :func:`enable` with the environment's configuration (``FT_PLUGINS``
+and friends). Hooks into megatron are applied now if megatron is imported, otherwise the moment
+it is. Nothing here raises into training: a bad configuration or a missing vendor runtime is
+logged and the affected features stay off, unless ``FT_PLUGINS_STRICT=1``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping, Sequence
+
+from ft_plugins.config import STRICT_VAR, ConfigError, parse_bool
+from ft_plugins.runtime import Runtime, activate
+
+log = logging.getLogger("ft_plugins.torch")
+
+FRAMEWORK = "pt"
+
+_runtime: Runtime | None = None
+_integration: Any = None
+
+
+def enable(
+    features: str | Sequence[str] | None = None, **options: Mapping[str, Any]
+) -> Runtime:
+    """Activate features for this process; a repeated call reconfigures (old hooks removed first).
+
+    ``features``: ``"auto"``, ``"all"``, ``"none"``, a comma string or a list; default: ``FT_PLUGINS``.
+    ``options``: per feature, e.g. ``enable("mstx", mstx={"backend": "noop"})``.
+    Raises ConfigError for bad values and FeatureUnavailable in strict mode.
+    """
+    global _runtime, _integration
+    from ft_plugins.torch.megatron import MegatronIntegration
+
+    disable()
+    runtime = activate(FRAMEWORK, features=features, options=options)
+    integration = MegatronIntegration(runtime)
+    _runtime, _integration = runtime, integration
+    integration.apply()
+    return runtime
+
+
+def disable() -> None:
+    """Remove every hook and stop the features; megatron's functions are the originals again."""
+    global _runtime, _integration
+    if _integration is not None:
+        _integration.remove()
+    if _runtime is not None:
+        _runtime.stop()
+    _runtime = _integration = None
+
+
+def runtime() -> Runtime | None:
+    """The active runtime (features on, statuses, report), or None when disabled."""
+    return _runtime
+
+
+def _enable_from_environment() -> None:
+    import os
+
+    try:
+        enable()
+    except ConfigError as exc:
+        log.error("%s; ft_plugins is off in this process", exc)
+        try:
+            strict = parse_bool(os.environ.get(STRICT_VAR, "0"))
+        except ValueError:
+            strict = False
+        if strict:
+            raise
+
+
+_enable_from_environment()

@@ -1,0 +1,162 @@
+"""Hooks into ``megatron.training`` (megatron-core 0.8+, Megatron-LM) and MindSpeed-LLM's fork of it.
+
+What the vendor guide edits into training.py by hand, done by wrapping three functions:
+``initialize_megatron`` (TaskD worker once distributed init is done), ``train_step`` (the
+``step {n}`` range, and ``dataloader`` ranges on the batch iterator it is given) and
+``save_checkpoint`` (the ``save_checkpoint`` range). MindSpeed-LLM imports these by name from
+megatron; the patcher rebinds those copies too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any, Callable
+
+import wrapt
+
+from ft_plugins.features.mstx import DATALOADER, SAVE_CHECKPOINT, Mstx
+from ft_plugins.features.taskd import Taskd
+from ft_plugins.patching import MissingSymbol, Patch, PatchSet
+from ft_plugins.runtime import Runtime
+
+log = logging.getLogger("ft_plugins.torch")
+
+INITIALIZE = "megatron.training.initialize"
+TRAINING = "megatron.training.training"
+CHECKPOINTING = "megatron.training.checkpointing"
+MINDSPEED_LLM_TRAINING = "mindspeed_llm.training.training"
+SUPPORTED = "megatron-core >= 0.8 with megatron.training, Megatron-LM core_r0.8+, MindSpeed-LLM 1.0+"
+
+
+def megatron_version() -> str:
+    info = sys.modules.get("megatron.core.package_info")
+    if info is None:
+        try:
+            from megatron.core import package_info as info  # type: ignore[no-redef]
+        except ImportError:
+            return "unknown version"
+    return getattr(info, "__version__", "unknown version")
+
+
+def global_rank() -> int | None:
+    """The global rank: from torch.distributed once initialized, else torchrun's RANK, else unknown."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    rank = os.environ.get("RANK", "")
+    return int(rank) if rank.isdigit() else None
+
+
+def _current_iteration(args: tuple, kwargs: dict) -> int:
+    """``train_step``'s iteration argument (megatron 0.12+), else ``args.curr_iteration``."""
+    iteration = kwargs.get("iteration", args[7] if len(args) > 7 else None)
+    if iteration is None:
+        global_vars = sys.modules.get("megatron.training.global_vars")
+        megatron_args = getattr(global_vars, "_GLOBAL_ARGS", None)
+        iteration = getattr(megatron_args, "curr_iteration", 0)
+    return iteration
+
+
+class _RangedIterator(wrapt.ObjectProxy):  # type: ignore[misc]
+    """The batch iterator with a ``dataloader`` range around every ``next``; everything else passes through."""
+
+    def __init__(self, wrapped: Any, mstx: Mstx) -> None:
+        super().__init__(wrapped)
+        self._self_mstx = mstx
+
+    def __iter__(self) -> "_RangedIterator":
+        return self
+
+    def __next__(self) -> Any:
+        handle = self._self_mstx.begin(DATALOADER)
+        try:
+            return next(self.__wrapped__)
+        finally:
+            self._self_mstx.end(handle)
+
+
+def _ranged(data_iterator: Any, mstx: Mstx) -> Any:
+    if data_iterator is None:
+        return None
+    if isinstance(data_iterator, list):  # one iterator per virtual pipeline stage
+        return [_ranged(item, mstx) for item in data_iterator]
+    return _RangedIterator(data_iterator, mstx)
+
+
+class MegatronIntegration:
+    """The patch sets for the features that are on; ``apply``/``remove`` are symmetric and idempotent."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.patch_sets: list[PatchSet] = []
+        taskd = runtime.feature("taskd")
+        if isinstance(taskd, Taskd):
+            self._taskd = taskd
+            self._add("taskd", Patch(INITIALIZE, "initialize_megatron", self._after_initialize))
+        mstx = runtime.feature("mstx")
+        if isinstance(mstx, Mstx):
+            self._mstx = mstx
+            wrapper = self._train_step if mstx.settings["dataloader"] else self._train_step_no_dataloader
+            patches = [Patch(TRAINING, "train_step", wrapper),
+                       Patch(MINDSPEED_LLM_TRAINING, "train_step", wrapper, required=False)]
+            if mstx.settings["save_checkpoint"]:
+                patches.append(Patch(CHECKPOINTING, "save_checkpoint", self._save_checkpoint))
+            self._add("mstx", *patches)
+
+    def _add(self, feature: str, *patches: Patch) -> None:
+        self.patch_sets.append(PatchSet(feature, patches, self._missing))
+
+    def apply(self) -> None:
+        for patch_set in self.patch_sets:
+            patch_set.apply()
+        if hasattr(self, "_taskd"):
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():  # imported after distributed init
+                self._start_worker()
+
+    def remove(self) -> None:
+        for patch_set in reversed(self.patch_sets):
+            patch_set.remove()
+
+    def _missing(self, patch_set: PatchSet, error: MissingSymbol) -> None:
+        self.runtime.disable(
+            patch_set.name,
+            f"{error} in megatron {megatron_version()}: this layout is not supported ({SUPPORTED})",
+        )
+
+    def _start_worker(self) -> None:
+        try:
+            self._taskd.start_worker(global_rank())
+        except Exception as exc:  # never into training
+            log.warning("taskd: worker start failed: %s: %s", type(exc).__name__, exc)
+
+    def _after_initialize(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        result = wrapped(*args, **kwargs)
+        self._start_worker()
+        return result
+
+    def _train_step(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        if "data_iterator" in kwargs:
+            kwargs["data_iterator"] = _ranged(kwargs["data_iterator"], self._mstx)
+        elif len(args) > 1:
+            args = (args[0], _ranged(args[1], self._mstx), *args[2:])
+        return self._train_step_no_dataloader(wrapped, instance, args, kwargs)
+
+    def _train_step_no_dataloader(self, wrapped: Callable[..., Any], instance: Any, args: tuple,
+                                  kwargs: dict) -> Any:
+        handle = self._mstx.begin_step(_current_iteration(args, kwargs))
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            self._mstx.end(handle)
+
+    def _save_checkpoint(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        handle = self._mstx.begin(SAVE_CHECKPOINT)
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            self._mstx.end(handle)
