@@ -1,0 +1,120 @@
+"""Let megatron.training run on a CPU-only machine (gloo), for the demo and the tests.
+
+Megatron assumes CUDA everywhere: it asserts ``torch.cuda.is_available()``, allocates on
+``device="cuda"``, calls ``.cuda()``, and saves/restores CUDA RNG state. This shim answers those
+calls on the CPU. It is not part of ft_plugins and is never needed on a real cluster.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+
+def _cpu(device: object) -> object:
+    if isinstance(device, torch.device) and device.type == "cuda":
+        return torch.device("cpu")
+    if isinstance(device, str) and device.startswith("cuda"):
+        return "cpu"
+    if isinstance(device, int) and not isinstance(device, bool):
+        return "cpu"
+    return device
+
+
+class _CudaToCpu(TorchFunctionMode):
+    def __torch_function__(self, func, types_, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if "device" in kwargs:
+            kwargs["device"] = _cpu(kwargs["device"])
+        if func in (torch.Tensor.cuda,):
+            return args[0]
+        if func in (torch.Tensor.to,):
+            args = tuple(_cpu(a) if i > 0 else a for i, a in enumerate(args))
+        return func(*args, **kwargs)
+
+
+class _Stream:
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def wait_stream(self, *args):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def record_event(self, *args):
+        return _Event()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _Event:
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def record(self, *args):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def wait(self, *args):
+        pass
+
+    def elapsed_time(self, other):
+        return 0.0
+
+    def query(self):
+        return True
+
+
+def install() -> None:
+    """Idempotent: patch torch.cuda and enter the device-mapping mode for this process."""
+    if getattr(torch.cuda, "_cpu_shim", False):
+        return
+    cuda = torch.cuda
+    cuda._cpu_shim = True
+    cuda.is_available = lambda: True
+    cuda.device_count = lambda: 1
+    cuda.current_device = lambda: 0
+    cuda.set_device = lambda *a, **k: None
+    cuda.synchronize = lambda *a, **k: None
+    cuda.get_rng_state = lambda *a, **k: torch.get_rng_state()
+    cuda.set_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
+    cuda.manual_seed = lambda seed: None
+    cuda.manual_seed_all = lambda seed: None
+    cuda.Stream = _Stream
+    cuda.Event = _Event
+    cuda.current_stream = lambda *a, **k: _Stream()
+    cuda.default_stream = lambda *a, **k: _Stream()
+    cuda.stream = lambda *a, **k: _Stream()
+    cuda.empty_cache = lambda: None
+    cuda.memory_allocated = lambda *a, **k: 0
+    cuda.max_memory_allocated = lambda *a, **k: 0
+    cuda.memory_reserved = lambda *a, **k: 0
+    cuda.max_memory_reserved = lambda *a, **k: 0
+    cuda.reset_peak_memory_stats = lambda *a, **k: None
+    cuda.get_device_capability = lambda *a, **k: (8, 0)
+    cuda.get_device_properties = lambda *a, **k: types.SimpleNamespace(
+        major=8, minor=0, name="cpu", total_memory=24 << 30, multi_processor_count=2)
+    cuda.get_device_name = lambda *a, **k: "cpu"
+    torch._dynamo.config.disable = True
+    _CudaToCpu().__enter__()
+
+    cuda.random.get_rng_state = lambda *a, **k: torch.get_rng_state()
+    cuda.random.set_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
+
+    import megatron.core.datasets.utils as dataset_utils
+    import megatron.core.tensor_parallel.random as megatron_random
+
+    dataset_utils.compile_helpers = lambda: None
+    # Megatron's model-parallel RNG tracker swaps "CUDA" generator states; on CPU that is the CPU one.
+    megatron_random._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
+    megatron_random._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
