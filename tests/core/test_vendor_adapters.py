@@ -1,0 +1,125 @@
+"""The TaskD and range adapters against recording stand-ins with the vendors' exact signatures."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+from ft_plugins.vendors import VendorUnavailable
+from ft_plugins.vendors.ranges import MstxRanges, NoopRanges, select_backend
+from ft_plugins.vendors.taskd import TaskdWorker, load_worker_api
+from support import FAKES
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+
+def _new_mstx(recorder: Recorder) -> types.SimpleNamespace:
+    def range_start(message, stream=None, domain="default"):
+        recorder.calls.append(("start", message, stream, domain))
+        return len(recorder.calls)
+
+    def range_end(range_id, domain="default"):
+        recorder.calls.append(("end", range_id, domain))
+
+    def mark(message, stream=None, domain="default"):
+        recorder.calls.append(("mark", message, stream, domain))
+
+    return types.SimpleNamespace(range_start=range_start, range_end=range_end, mark=mark)
+
+
+def _old_mstx(recorder: Recorder) -> types.SimpleNamespace:
+    def range_start(message, stream):
+        recorder.calls.append(("start", message, stream))
+        return 7
+
+    def range_end(range_id):
+        recorder.calls.append(("end", range_id))
+
+    def mark(message, stream):
+        recorder.calls.append(("mark", message, stream))
+
+    return types.SimpleNamespace(range_start=range_start, range_end=range_end, mark=mark)
+
+
+def test_mstx_with_domain_puts_only_device_ranges_on_the_stream() -> None:
+    recorder = Recorder()
+    ranges = MstxRanges("torch_npu", _new_mstx(recorder), lambda: "S")
+    step = ranges.range_start("step 3", True)
+    host = ranges.range_start("dataloader")
+    ranges.range_end(host)
+    ranges.range_end(step)
+    ranges.mark("here")
+    assert recorder.calls == [("start", "step 3", "S", "default"), ("start", "dataloader", None, "default"),
+                              ("end", 2, "default"), ("end", 1, "default"), ("mark", "here", None, "default")]
+
+
+def test_older_mstx_always_gets_the_stream_and_no_domain() -> None:
+    recorder = Recorder()
+    ranges = MstxRanges("torch_npu", _old_mstx(recorder), lambda: "S")
+    ranges.range_end(ranges.range_start("dataloader"))
+    ranges.mark("m")
+    assert recorder.calls == [("start", "dataloader", "S"), ("end", 7), ("mark", "m", "S")]
+
+
+def test_a_failed_range_start_returns_no_handle_and_skips_the_end() -> None:
+    recorder = Recorder()
+    mstx = _new_mstx(recorder)
+    mstx.range_start = lambda message, stream=None, domain="default": 0  # mstx's "failed" id
+    ranges = MstxRanges("torch_npu", mstx, lambda: "S")
+    ranges.range_end(ranges.range_start("step 1", True))
+    assert recorder.calls == []
+
+
+def test_a_raising_vendor_is_logged_once_and_ranges_go_quiet(caplog: pytest.LogCaptureFixture) -> None:
+    calls = []
+
+    def broken(*args, **kwargs):
+        calls.append(args)
+        raise RuntimeError("device lost")
+
+    ranges = MstxRanges("torch_npu", types.SimpleNamespace(range_start=broken, range_end=broken, mark=broken),
+                        lambda: "S")
+    for _ in range(3):
+        ranges.range_end(ranges.range_start("step", True))
+    assert len(calls) == 1
+    assert caplog.text.count("ranges are off for this process") == 1
+
+
+def test_noop_backend_and_explicit_choice() -> None:
+    backend = select_backend("pt", "noop")
+    assert isinstance(backend, NoopRanges)
+    assert backend.range_start("x", True) is None
+
+
+def test_auto_never_picks_noop_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch_npu", None)
+    with pytest.raises(VendorUnavailable, match="no profiler runtime .*torch_npu.*nvtx"):
+        select_backend("pt")
+
+
+def test_taskd_absent_and_placeholder_are_told_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [m for m in sys.modules if m.split(".")[0] == "taskd"]:
+        monkeypatch.delitem(sys.modules, name)
+    with pytest.raises(VendorUnavailable, match="TaskD is not installed"):
+        load_worker_api()
+    monkeypatch.syspath_prepend(str(FAKES / "placeholder_taskd"))
+    with pytest.raises(VendorUnavailable, match="it is the PyPI placeholder, not Ascend's TaskD"):
+        load_worker_api()
+
+
+def test_worker_starts_once_and_checks_its_framework_tag() -> None:
+    calls = []
+    api = types.SimpleNamespace(
+        init_taskd_worker=lambda rank, limit, framework: calls.append((rank, limit, framework)) or True,
+        start_taskd_worker=lambda: calls.append("start") or True,
+    )
+    worker = TaskdWorker(api, 300)
+    assert worker.start(5, "ms") and worker.start(5, "ms")
+    assert calls == [(5, 300, "ms"), "start"]
+    with pytest.raises(ValueError, match="framework must be one of"):
+        TaskdWorker(api, 300).start(0, "tf")

@@ -1,0 +1,51 @@
+"""Shared test support: where things are, and how to run a real Megatron job with the vendor fakes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+FAKES = REPO / "tests" / "fakes"
+PYTHON = sys.executable
+TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+MEGATRON_EXAMPLE = REPO / "examples" / "megatron_gpt" / "pretrain_gpt.py"
+
+
+def read_records(path: Path) -> list[dict]:
+    """The calls the vendor fakes recorded, in order."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def fake_env(record: Path, *extra_paths: Path, **overrides: str) -> dict[str, str]:
+    """A child environment with the vendor fakes importable and recording to ``record``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "FT_FAKE"))}
+    paths = [str(p) for p in (*extra_paths, FAKES)]
+    env["PYTHONPATH"] = os.pathsep.join(paths + [env["PYTHONPATH"]] if env.get("PYTHONPATH") else paths)
+    env["FT_FAKE_RECORD"] = str(record)
+    env.update(overrides)
+    return env
+
+
+def run_megatron(workdir: Path, nproc: int, env: dict[str, str], *args: str,
+                 entry: Path = MEGATRON_EXAMPLE, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run the real megatron ``pretrain()`` example: torchrun for 2+ ranks, plain python for 1."""
+    if nproc > 1:
+        command = [TORCHRUN, "--nproc-per-node", str(nproc), "--master-port", str(_free_port()), str(entry)]
+    else:
+        command = [PYTHON, str(entry)]
+    return subprocess.run([*command, *args], cwd=workdir, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

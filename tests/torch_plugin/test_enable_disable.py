@@ -1,0 +1,142 @@
+"""enable()/disable() on the real megatron modules: idempotent, reversible, every reference, any import order."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from support import FAKES, PYTHON, REPO, read_records
+
+FIXTURES = REPO / "tests" / "torch_plugin" / "fixtures"
+TARGETS = (
+    ("megatron.training.training", "train_step"),
+    ("megatron.training.checkpointing", "save_checkpoint"),
+    ("megatron.training.training", "save_checkpoint"),
+    ("megatron.training.initialize", "initialize_megatron"),
+    ("megatron.training.training", "initialize_megatron"),
+)
+
+
+@pytest.fixture
+def ft_torch(no_ft_env, monkeypatch: pytest.MonkeyPatch, tmp_path):
+    """ft_plugins.torch with the vendor fakes importable, disabled again afterwards."""
+    monkeypatch.syspath_prepend(str(FAKES))
+    monkeypatch.setenv("FT_FAKE_RECORD", str(tmp_path / "calls.jsonl"))
+    for name in [m for m in sys.modules if m.split(".")[0] in ("taskd", "torch_npu", "fake_record")]:
+        monkeypatch.delitem(sys.modules, name)
+    import ft_plugins.torch as ft_torch
+
+    yield ft_torch
+    ft_torch.disable()
+
+
+def _current() -> list[object]:
+    return [getattr(sys.modules[module], name) for module, name in TARGETS]
+
+
+def test_enable_is_idempotent_and_disable_restores_the_exact_originals(ft_torch) -> None:
+    import megatron.training.training  # noqa: F401
+
+    ft_torch.disable()
+    originals = _current()
+    ft_torch.enable("taskd,mstx")
+    ft_torch.enable("taskd,mstx")
+    patched = _current()
+    for before, after in zip(originals, patched):
+        assert after is not before
+        assert after.__wrapped__ is before  # wrapped exactly once, not stacked
+    ft_torch.disable()
+    assert all(now is before for now, before in zip(_current(), originals))
+    ft_torch.disable()  # a second disable is harmless
+    assert all(now is before for now, before in zip(_current(), originals))
+
+
+def test_a_module_that_copied_train_step_before_enable_is_patched_and_restored(ft_torch) -> None:
+    sys.path.insert(0, str(FIXTURES))
+    try:
+        import mindspeed_llm.training.training as mindspeed
+    finally:
+        sys.path.remove(str(FIXTURES))
+    ft_torch.disable()
+    original = mindspeed.train_step
+    ft_torch.enable("mstx", mstx={"backend": "noop"})
+    assert mindspeed.train_step is sys.modules["megatron.training.training"].train_step
+    assert mindspeed.train_step.__wrapped__ is original
+    ft_torch.disable()
+    assert mindspeed.train_step is original
+
+
+def test_only_the_selected_features_hook_in(ft_torch, tmp_path) -> None:
+    import megatron.training.training  # noqa: F401
+
+    ft_torch.disable()
+    originals = _current()
+    runtime = ft_torch.enable("taskd")
+    assert set(runtime.features) == {"taskd"}
+    now = _current()
+    assert now[0] is originals[0] and now[1] is originals[1]  # no mstx hooks
+    assert now[3] is not originals[3]
+
+
+def _python(code: str, *paths, **env: str) -> subprocess.CompletedProcess:
+    environment = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(str(p) for p in paths), **env}
+    return subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, env=environment, timeout=120)
+
+
+def test_import_before_megatron_patches_when_megatron_arrives(tmp_path) -> None:
+    record = tmp_path / "calls.jsonl"
+    code = (
+        "import ft_plugins.torch, sys\n"
+        "assert 'megatron.training.training' not in sys.modules\n"
+        "import megatron.training.training as t\n"
+        "print(type(t.train_step).__name__, t.train_step.__wrapped__.__module__)\n"
+    )
+    result = _python(code, FAKES, FT_FAKE_RECORD=str(record))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["FunctionWrapper", "megatron.training.training"]
+
+
+@pytest.mark.parametrize("first", ["checkpointing", "training"])
+def test_a_moved_symbol_disables_that_feature_whole_and_names_the_version(first: str) -> None:
+    other = {"checkpointing": "training", "training": "checkpointing"}[first]
+    code = (
+        "import ft_plugins.torch, ft_plugins.runtime as r\n"
+        f"import megatron.training.{first}, megatron.training.{other}\n"
+        "import megatron.training.checkpointing as c, megatron.training.training as t\n"
+        "print(type(c.save_checkpoint).__name__, t.train(), r.current('pt').report()['mstx']['enabled'])\n"
+    )
+    result = _python(code, FIXTURES / "moved_megatron", FT_PLUGINS="mstx", FT_PLUGINS_MSTX_BACKEND="noop")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["function", "trained", "False"]
+    assert "mstx disabled: megatron.training.training.train_step is missing in megatron 0.3.0" in result.stderr
+
+
+def test_strict_mode_stops_before_training_when_a_requested_feature_is_missing() -> None:
+    result = _python("import ft_plugins.torch", FT_PLUGINS="taskd", FT_PLUGINS_STRICT="1")
+    assert result.returncode != 0
+    assert "FeatureUnavailable: taskd was requested but is unavailable: TaskD is not installed" in result.stderr
+
+
+def test_bad_configuration_is_one_clear_error_and_the_import_still_succeeds() -> None:
+    result = _python("import ft_plugins.torch as t; print(t.runtime())", FT_PLUGINS="bogus")
+    assert result.returncode == 0
+    assert result.stdout.strip() == "None"
+    assert "FT_PLUGINS='bogus': unknown feature 'bogus'; use auto, all, none or a comma list of:" in result.stderr
+
+
+def test_import_loads_neither_torch_npu_nor_mindspore() -> None:
+    code = "import sys, ft_plugins.torch; print(sorted(m for m in ('torch_npu', 'mindspore', 'megatron') if m in sys.modules))"
+    result = _python(code, FT_PLUGINS="auto")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_hooks_without_a_rank_warn_once_and_start_nothing(tmp_path) -> None:
+    record = tmp_path / "calls.jsonl"
+    code = "import ft_plugins.hooks as h; print(h.start_taskd_worker(), h.start_taskd_worker())"
+    result = _python(code, FAKES, FT_FAKE_RECORD=str(record), FT_PLUGINS="taskd")
+    assert result.stdout.split() == ["False", "False"]
+    assert result.stderr.count("cannot determine the global rank") == 1
+    assert read_records(record) == []
