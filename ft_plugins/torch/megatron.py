@@ -99,6 +99,8 @@ class MegatronIntegration:
         mstx = runtime.feature("mstx")
         if isinstance(mstx, Mstx):
             self._mstx = mstx
+            self._last_iterator: Any = None
+            self._last_proxy: Any = None
             wrapper = self._train_step if mstx.settings["dataloader"] else self._train_step_no_dataloader
             patches = [Patch(TRAINING, "train_step", wrapper),
                        Patch(MINDSPEED_LLM_TRAINING, "train_step", wrapper, required=False)]
@@ -139,11 +141,17 @@ class MegatronIntegration:
         self._start_worker()
         return result
 
+    def _ranged_iterator(self, data_iterator: Any) -> Any:
+        """The ranged proxy for this iterator; megatron passes the same one every step, so keep it."""
+        if data_iterator is not self._last_iterator:
+            self._last_iterator, self._last_proxy = data_iterator, _ranged(data_iterator, self._mstx)
+        return self._last_proxy
+
     def _train_step(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         if "data_iterator" in kwargs:
-            kwargs["data_iterator"] = _ranged(kwargs["data_iterator"], self._mstx)
+            kwargs["data_iterator"] = self._ranged_iterator(kwargs["data_iterator"])
         elif len(args) > 1:
-            args = (args[0], _ranged(args[1], self._mstx), *args[2:])
+            args = (args[0], self._ranged_iterator(args[1]), *args[2:])
         return self._train_step_no_dataloader(wrapped, instance, args, kwargs)
 
     def _train_step_no_dataloader(self, wrapped: Callable[..., Any], instance: Any, args: tuple,

@@ -1,0 +1,65 @@
+"""Cost of ``import ft_plugins.torch``, and a check of what it must not import.
+
+Fresh interpreters, timed in this one run (median of --runs):
+  bare interpreter        python -c pass, wall time of the whole process
+  ft_plugins.torch alone  the import itself, timed inside a fresh interpreter (FT_PLUGINS=none:
+                          the package's own cost, nothing probed)
+  after import torch      the import timed inside an interpreter that imported torch first
+                          (FT_PLUGINS=auto: the real start-up path, every runtime probed)
+The target compares the last figure with the cost of importing torch itself.
+
+    python benchmarks/bench_import.py [--runs 9]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+
+TIMED = ("import time, sys\n{pre}\nt = time.perf_counter()\nimport ft_plugins.torch\n"
+         "print(time.perf_counter() - t, t - START)\n")
+CHECK = ("import sys, ft_plugins.torch; "
+         "print(','.join(m for m in ('torch_npu', 'mindspore', 'megatron') if m in sys.modules) or 'none')")
+
+
+def _python(code: str, features: str) -> str:
+    env = {"FT_PLUGINS": features, "FT_PLUGINS_LOG": "error"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env=env).stdout.strip()
+
+
+def _timed_import(pre: str, features: str) -> tuple[float, float]:
+    code = "import time\nSTART = time.perf_counter()\n" + TIMED.format(pre=pre)
+    ft, pre_cost = _python(code, features).split()
+    return float(ft), float(pre_cost)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=9)
+    runs = parser.parse_args().runs
+    bare, alone, after_torch, torch_cost = [], [], [], []
+    for _ in range(runs):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+        bare.append(time.perf_counter() - start)
+        alone.append(_timed_import("", "none")[0])
+        ft, torch_seconds = _timed_import("import torch", "auto")
+        after_torch.append(ft)
+        torch_cost.append(torch_seconds)
+    ms = {name: statistics.median(values) * 1e3 for name, values in
+          (("bare", bare), ("alone", alone), ("after", after_torch), ("torch", torch_cost))}
+    print(f"bare interpreter start-up:              {ms['bare']:7.1f} ms")
+    print(f"import ft_plugins.torch (FT_PLUGINS=none): {ms['alone']:5.1f} ms "
+          f"(ratio to bare start-up {ms['alone'] / ms['bare']:.3f})")
+    print(f"import torch:                           {ms['torch']:7.1f} ms")
+    print(f"import ft_plugins.torch after torch (auto): {ms['after']:4.1f} ms beyond torch "
+          f"(ratio to import torch {ms['after'] / ms['torch']:.4f})")
+    print(f"framework modules it imported: {_python(CHECK, 'auto')}")
+
+
+if __name__ == "__main__":
+    main()
