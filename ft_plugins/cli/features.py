@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from ft_plugins.config import ConfigError
@@ -23,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         runtime = activate(args.framework)
     except ConfigError as exc:
-        print(f"ft-plugins: {exc}")
+        print(f"ft-plugins: {exc}", file=sys.stderr)
         return EXIT_USAGE
     report = runtime.report()
     runtime.stop()

@@ -140,3 +140,25 @@ def test_hooks_without_a_rank_warn_once_and_start_nothing(tmp_path) -> None:
     assert result.stdout.split() == ["False", "False"]
     assert result.stderr.count("cannot determine the global rank") == 1
     assert read_records(record) == []
+
+
+def test_ranges_stay_balanced_when_a_step_raises(ft_torch, tmp_path) -> None:
+    import megatron.training.training as training
+
+    ft_torch.enable("mstx")
+    assert ft_torch.runtime().feature("mstx").ranges.name == "torch_npu"
+    with pytest.raises(AssertionError, match="args is not initialized"):
+        training.train_step(None, iter([]), [], None, None, None, None, iteration=5)  # no megatron args yet
+    calls = [(c["api"], c["args"][0]) for c in read_records(tmp_path / "calls.jsonl")]
+    assert calls == [("mstx.range_start", "step 5"), ("mstx.range_end", 1)]
+
+
+def test_features_command_reports_and_rejects_bad_configuration() -> None:
+    ok = subprocess.run([PYTHON, "-m", "ft_plugins.cli", "features", "--json"], capture_output=True, text=True,
+                        env={"PATH": "/usr/bin:/bin", "FT_PLUGINS": "none"}, timeout=60)
+    assert ok.returncode == 0
+    assert '"reason": "switched off (FT_PLUGINS=none)"' in ok.stdout
+    bad = subprocess.run([PYTHON, "-m", "ft_plugins.cli", "features"], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "FT_PLUGINS_MSTX_BACKEND": "gpu"}, timeout=60)
+    assert bad.returncode == 2
+XX
