@@ -161,4 +161,4 @@ def test_features_command_reports_and_rejects_bad_configuration() -> None:
     bad = subprocess.run([PYTHON, "-m", "ft_plugins.cli", "features"], capture_output=True, text=True,
                          env={"PATH": "/usr/bin:/bin", "FT_PLUGINS_MSTX_BACKEND": "gpu"}, timeout=60)
     assert bad.returncode == 2
-XX
+    assert "FT_PLUGINS_MSTX_BACKEND='gpu' is not valid" in bad.stderr
