@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, Callable
 
 from ft_plugins.config import ConfigError
-from ft_plugins.features.mstx import Mstx
+from ft_plugins.features.mstx import DATALOADER, Mstx
+from ft_plugins.features.resume import Resume
 from ft_plugins.features.taskd import Taskd
 from ft_plugins.runtime import Runtime, activate, current
 
@@ -86,5 +87,55 @@ def step_range(iteration: int, framework: str = "pt") -> _Range:
 
 
 def named_range(name: str, framework: str = "pt") -> _Range:
-    """``with named_range("save_checkpoint"):``; names in use: dataloader, save_checkpoint, forward."""
-    return _Range(_mstx(framework), name)
+    """``with named_range("save_checkpoint"):``; names in use: dataloader, save_checkpoint, forward.
+    A kind switched off by its option (``FT_PLUGINS_MSTX_SAVE_CHECKPOINT=off``) emits nothing."""
+    mstx = _mstx(framework)
+    return _Range(mstx if mstx is not None and mstx.emits(name) else None, name)
+
+
+def ranged_batches(data_iterator: Any, framework: str = "pt") -> Any:
+    """``data_iterator`` with a ``dataloader`` range around each batch fetch; unchanged when off."""
+    mstx = _mstx(framework)
+    if mstx is None or not mstx.emits(DATALOADER):
+        return data_iterator
+    return mstx.ranged(data_iterator)
+
+
+def prepare_launcher(launcher: str) -> bool:
+    """In the launcher process (``torchrun``), before its agent starts: the launcher side of the
+    features, i.e. TaskD's elastic-agent patch for process recovery. Never raises."""
+    runtime = _runtime("pt")
+    taskd = runtime.feature("taskd") if runtime else None
+    return isinstance(taskd, Taskd) and taskd.prepare_launcher(launcher)
+
+
+def _resume(framework: str) -> Resume | None:
+    runtime = _runtime(framework)
+    feature = runtime.feature("resume") if runtime else None
+    return feature if isinstance(feature, Resume) else None
+
+
+def newest_intact_checkpoint(directory: str, format: str = "auto", framework: str = "pt") -> str | None:
+    """Path of the newest intact checkpoint in ``directory`` (None: there is none), logging every
+    skipped one with its reason. Uses the ``resume`` options when that feature is on, its defaults
+    otherwise: the caller asked for a checkpoint explicitly. Raises NoIntactCheckpoint (before
+    training) when checkpoints exist but none is intact, unless FT_PLUGINS_RESUME_ALLOW_SCRATCH=1."""
+    feature = _resume(framework)
+    if feature is None:
+        feature = Resume(framework, {option.name: option.default for option in Resume.options})
+        feature.start()
+    if not os.path.isdir(directory):
+        log.info("resume: %s is not a checkpoint directory; left to the caller", directory)
+        return None
+    return feature.choose(directory, format).path
+
+
+def megatron_load_checkpoint(load_checkpoint: Callable[..., Any]) -> Callable[..., Any]:
+    """Megatron's ``load_checkpoint`` made to load the newest intact iteration (all ranks agreeing);
+    returned unchanged when the ``resume`` feature is off."""
+    feature = _resume("pt")
+    if feature is None:
+        return load_checkpoint
+    from ft_plugins.torch.resume import MegatronResume
+
+    return MegatronResume(feature).wrap_load(load_checkpoint)

@@ -6,6 +6,15 @@ import os
 
 import pytest
 
+from support import vendor_modules_isolated
+
+
+@pytest.fixture
+def isolated_vendor_modules():
+    """Start without vendor modules (fakes or placeholders) and leave none behind for later tests."""
+    with vendor_modules_isolated():
+        yield
+
 
 @pytest.fixture
 def no_ft_env(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,7 +6,9 @@ import json
 import os
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 REPO = Path(__file__).resolve().parent.parent
 FAKES = REPO / "tests" / "fakes"
@@ -49,3 +51,23 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+VENDOR_PACKAGES = ("taskd", "torch_npu", "mindio_ttp", "fake_record", "mindspore_mstx")
+
+
+def _vendor_modules() -> list[str]:
+    return [name for name in sys.modules if name.split(".")[0] in VENDOR_PACKAGES]
+
+
+@contextmanager
+def vendor_modules_isolated() -> Iterator[None]:
+    """Forget vendor modules (fakes or placeholders) on entry and drop those imported inside on exit,
+    so one test's vendor stand-in never leaks into another's."""
+    saved = {name: sys.modules.pop(name) for name in _vendor_modules()}
+    try:
+        yield
+    finally:
+        for name in _vendor_modules():
+            del sys.modules[name]
+        sys.modules.update(saved)

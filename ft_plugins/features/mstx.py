@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import wrapt
+
 from ft_plugins.config import Option, parse_bool
 from ft_plugins.features.base import Feature
 from ft_plugins.vendors.ranges import BACKENDS, RangeBackend, select_backend
@@ -40,6 +42,37 @@ class Mstx(Feature):
     def end(self, handle: Any) -> None:
         self.ranges.range_end(handle)
 
+    def emits(self, kind: str) -> bool:
+        """Whether ranges of this kind are switched on (``dataloader`` and ``save_checkpoint`` have options)."""
+        return bool(self.settings.get(kind, True))
+
+    def ranged(self, data_iterator: Any) -> Any:
+        """``data_iterator`` with a ``dataloader`` range around every ``next`` (a list: each element)."""
+        if data_iterator is None:
+            return None
+        if isinstance(data_iterator, list):  # one iterator per virtual pipeline stage
+            return [self.ranged(item) for item in data_iterator]
+        return _RangedIterator(data_iterator, self)
+
     def activity(self) -> str:
         done = ", ".join(f"{count} {kind}" for kind, count in sorted(self.counts.items()))
         return f"ranges via {self.ranges.name}: {done or 'none yet'}"
+
+
+class _RangedIterator(wrapt.ObjectProxy):  # type: ignore[misc]
+    """An iterator proxy: a ``dataloader`` range around ``next``; every other attribute passes through,
+    and ``isinstance`` checks see the wrapped iterator's class."""
+
+    def __init__(self, wrapped: Any, mstx: Mstx) -> None:
+        super().__init__(wrapped)
+        self._self_mstx = mstx
+
+    def __iter__(self) -> "_RangedIterator":
+        return self
+
+    def __next__(self) -> Any:
+        handle = self._self_mstx.begin(DATALOADER)
+        try:
+            return next(self.__wrapped__)
+        finally:
+            self._self_mstx.end(handle)

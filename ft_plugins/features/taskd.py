@@ -6,7 +6,7 @@ import logging
 
 from ft_plugins.config import Option, parse_positive_int
 from ft_plugins.features.base import Feature
-from ft_plugins.vendors.taskd import TaskdWorker, load_worker_api
+from ft_plugins.vendors.taskd import TaskdWorker, load_worker_api, patch_torchrun_agent
 
 log = logging.getLogger("ft_plugins.taskd")
 
@@ -31,6 +31,19 @@ class Taskd(Feature):
                             "RANK unset); worker not started")
             return False
         return self.worker.start(rank, self.framework)
+
+    def prepare_launcher(self, launcher: str) -> bool:
+        """Launcher-side set-up, in the launcher process. msrun needs none: MindSpore's own process
+        manager starts TaskD's plugin when ``MS_ENABLE_TFT`` asks for it."""
+        if launcher != "torchrun":
+            return False
+        try:
+            patch_torchrun_agent()
+        except Exception as exc:  # the launcher must start regardless
+            log.warning("taskd: torchrun agent patch not applied: %s", exc)
+            return False
+        log.info("taskd: torchrun elastic agent patched for process recovery")
+        return True
 
     def activity(self) -> str:
         if self.worker.started_rank is not None:

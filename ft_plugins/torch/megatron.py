@@ -14,9 +14,8 @@ import os
 import sys
 from typing import Any, Callable
 
-import wrapt
-
 from ft_plugins.features.mstx import DATALOADER, SAVE_CHECKPOINT, Mstx
+from ft_plugins.features.resume import Resume
 from ft_plugins.features.taskd import Taskd
 from ft_plugins.patching import MissingSymbol, Patch, PatchSet
 from ft_plugins.runtime import Runtime
@@ -60,32 +59,6 @@ def _current_iteration(args: tuple, kwargs: dict) -> int:
     return iteration
 
 
-class _RangedIterator(wrapt.ObjectProxy):  # type: ignore[misc]
-    """The batch iterator with a ``dataloader`` range around every ``next``; everything else passes through."""
-
-    def __init__(self, wrapped: Any, mstx: Mstx) -> None:
-        super().__init__(wrapped)
-        self._self_mstx = mstx
-
-    def __iter__(self) -> "_RangedIterator":
-        return self
-
-    def __next__(self) -> Any:
-        handle = self._self_mstx.begin(DATALOADER)
-        try:
-            return next(self.__wrapped__)
-        finally:
-            self._self_mstx.end(handle)
-
-
-def _ranged(data_iterator: Any, mstx: Mstx) -> Any:
-    if data_iterator is None:
-        return None
-    if isinstance(data_iterator, list):  # one iterator per virtual pipeline stage
-        return [_ranged(item, mstx) for item in data_iterator]
-    return _RangedIterator(data_iterator, mstx)
-
-
 class MegatronIntegration:
     """The patch sets for the features that are on; ``apply``/``remove`` are symmetric and idempotent."""
 
@@ -101,12 +74,19 @@ class MegatronIntegration:
             self._mstx = mstx
             self._last_iterator: Any = None
             self._last_proxy: Any = None
-            wrapper = self._train_step if mstx.settings["dataloader"] else self._train_step_no_dataloader
+            wrapper = self._train_step if mstx.emits(DATALOADER) else self._train_step_no_dataloader
             patches = [Patch(TRAINING, "train_step", wrapper),
                        Patch(MINDSPEED_LLM_TRAINING, "train_step", wrapper, required=False)]
-            if mstx.settings["save_checkpoint"]:
+            if mstx.emits(SAVE_CHECKPOINT):
                 patches.append(Patch(CHECKPOINTING, "save_checkpoint", self._save_checkpoint))
             self._add("mstx", *patches)
+        resume = runtime.feature("resume")
+        if isinstance(resume, Resume):
+            from ft_plugins.torch.resume import MegatronResume
+
+            glue = MegatronResume(resume)
+            self._add("resume", Patch(CHECKPOINTING, "load_checkpoint", glue.load_checkpoint),
+                      Patch(CHECKPOINTING, "save_checkpoint", glue.save_checkpoint))
 
     def _add(self, feature: str, *patches: Patch) -> None:
         self.patch_sets.append(PatchSet(feature, patches, self._missing))
@@ -144,7 +124,7 @@ class MegatronIntegration:
     def _ranged_iterator(self, data_iterator: Any) -> Any:
         """The ranged proxy for this iterator; megatron passes the same one every step, so keep it."""
         if data_iterator is not self._last_iterator:
-            self._last_iterator, self._last_proxy = data_iterator, _ranged(data_iterator, self._mstx)
+            self._last_iterator, self._last_proxy = data_iterator, self._mstx.ranged(data_iterator)
         return self._last_proxy
 
     def _train_step(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:

@@ -17,6 +17,7 @@ from ft_plugins.vendors import VendorUnavailable
 log = logging.getLogger("ft_plugins.taskd")
 
 WORKER_MODULE = "taskd.api.taskd_worker_api"
+TORCHRUN_AGENT_PATCH = "taskd.python.adaptor.patch"
 FRAMEWORKS = ("pt", "ms")
 
 
@@ -69,3 +70,12 @@ class TaskdWorker:
         log.info("taskd: worker started (rank %d, framework %s, disk limit %d MB)",
                  rank, framework, self._disk_limit_mb)
         return True
+
+
+def patch_torchrun_agent() -> None:
+    """Import TaskD's patch of torch's elastic agent; it must run inside the torchrun process itself,
+    before the agent starts (what the vendor guide does with a ``sed`` into torch/distributed/run.py)."""
+    try:
+        importlib.import_module(TORCHRUN_AGENT_PATCH)
+    except ImportError as exc:
+        raise VendorUnavailable(f"{TORCHRUN_AGENT_PATCH} cannot be imported ({exc}); TaskD 7.0 or newer ships it") from None

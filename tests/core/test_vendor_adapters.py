@@ -102,9 +102,8 @@ def test_auto_never_picks_noop_and_says_why(monkeypatch: pytest.MonkeyPatch) -> 
         select_backend("pt")
 
 
+@pytest.mark.usefixtures("isolated_vendor_modules")
 def test_taskd_absent_and_placeholder_are_told_apart(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in [m for m in sys.modules if m.split(".")[0] == "taskd"]:
-        monkeypatch.delitem(sys.modules, name)
     with pytest.raises(VendorUnavailable, match="TaskD is not installed"):
         load_worker_api()
     monkeypatch.syspath_prepend(str(FAKES / "placeholder_taskd"))

@@ -20,12 +20,10 @@ TARGETS = (
 
 
 @pytest.fixture
-def ft_torch(no_ft_env, monkeypatch: pytest.MonkeyPatch, tmp_path):
+def ft_torch(no_ft_env, isolated_vendor_modules, monkeypatch: pytest.MonkeyPatch, tmp_path):
     """ft_plugins.torch with the vendor fakes importable, disabled again afterwards."""
     monkeypatch.syspath_prepend(str(FAKES))
     monkeypatch.setenv("FT_FAKE_RECORD", str(tmp_path / "calls.jsonl"))
-    for name in [m for m in sys.modules if m.split(".")[0] in ("taskd", "torch_npu", "fake_record")]:
-        monkeypatch.delitem(sys.modules, name)
     import ft_plugins.torch as ft_torch
 
     yield ft_torch
@@ -162,3 +160,27 @@ def test_features_command_reports_and_rejects_bad_configuration() -> None:
                          env={"PATH": "/usr/bin:/bin", "FT_PLUGINS_MSTX_BACKEND": "gpu"}, timeout=60)
     assert bad.returncode == 2
     assert "FT_PLUGINS_MSTX_BACKEND='gpu' is not valid" in bad.stderr
+
+
+def test_prepare_launcher_applies_taskds_agent_patch_in_the_launcher_process(tmp_path) -> None:
+    record = tmp_path / "calls.jsonl"
+    code = "import ft_plugins.hooks as h; print(h.prepare_launcher('torchrun'), h.prepare_launcher('msrun'))"
+    result = _python(code, FAKES, FT_FAKE_RECORD=str(record), FT_PLUGINS="taskd")
+    assert result.stdout.split() == ["True", "False"], result.stderr
+    assert [c["api"] for c in read_records(record)] == ["taskd.python.adaptor.patch imported"]
+    missing = _python(code, FAKES / "placeholder_taskd", FT_PLUGINS="taskd")
+    assert missing.returncode == 0 and missing.stdout.split() == ["False", "False"]
+
+
+def test_source_hooks_follow_the_mstx_options(tmp_path) -> None:
+    record = tmp_path / "calls.jsonl"
+    code = (
+        "import ft_plugins.hooks as h\n"
+        "with h.named_range('save_checkpoint'): pass\n"
+        "with h.named_range('forward'): pass\n"
+        "print(list(h.ranged_batches(iter([1, 2]))))\n"
+    )
+    result = _python(code, FAKES, FT_FAKE_RECORD=str(record), FT_PLUGINS="mstx", FT_PLUGINS_MSTX_SAVE_CHECKPOINT="off")
+    assert result.stdout.strip() == "[1, 2]", result.stderr
+    starts = [c["args"][0] for c in read_records(record) if c["api"] == "mstx.range_start"]
+    assert starts == ["forward", "dataloader", "dataloader", "dataloader"]  # the last: StopIteration's fetch

@@ -1,0 +1,127 @@
+"""The commit manifest: sizes and checksums written once every rank has finished a save.
+
+A checkpoint counts as committed when its manifest exists; it is written to a temporary name
+and renamed, so a reader sees either no manifest or a whole one. The fast check compares sizes
+and a digest of each file's head and tail (for a torch zip the tail holds every member's CRC);
+the deep check compares a full SHA-256 when the writer recorded one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any, Iterable, Mapping
+
+MANIFEST = "ft_manifest.json"
+VERSION = 1
+_HEAD = 4 << 10
+_TAIL = 64 << 10
+_CHUNK = 8 << 20
+
+
+class ManifestError(ValueError):
+    """A manifest that cannot be written or read; the message says which file and why."""
+
+
+def sample_digest(path: str, size: int) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as handle:
+        digest.update(handle.read(_HEAD))
+        if size > _HEAD:
+            handle.seek(max(_HEAD, size - _TAIL))
+            digest.update(handle.read(_TAIL))
+    return digest.hexdigest()
+
+
+def full_digest(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _all_files(base: str) -> list[str]:
+    found = []
+    for directory, _, names in os.walk(base):
+        for name in names:
+            if not name.startswith(MANIFEST) and not name.startswith("ft_manifest-"):
+                found.append(os.path.relpath(os.path.join(directory, name), base))
+    return sorted(found)
+
+
+def write_manifest(checkpoint_dir: str, files: Iterable[str] | None = None, *, name: str = MANIFEST,
+                   full: bool = False, info: Mapping[str, Any] | None = None) -> str:
+    """Commit a finished save: record size and digest of ``files`` (paths relative to ``checkpoint_dir``,
+    default every file under it) in ``checkpoint_dir/name``, atomically. Returns the manifest's path.
+
+    ``full`` adds a SHA-256 of every file (reads all data; deep verification then compares it).
+    Call it once, on one rank, after all ranks finished writing (e.g. after the save's barrier).
+    """
+    base = os.fspath(checkpoint_dir)
+    relative = sorted(files) if files is not None else _all_files(base)
+    entries: dict[str, dict[str, Any]] = {}
+    for rel in relative:
+        path = os.path.join(base, rel)
+        try:
+            size = os.path.getsize(path)
+        except OSError as exc:
+            raise ManifestError(f"cannot commit {base}: {rel} is not readable ({exc})") from None
+        entry: dict[str, Any] = {"size": size, "sample": sample_digest(path, size)}
+        if full:
+            entry["sha256"] = full_digest(path)
+        entries[rel] = entry
+    if not entries:
+        raise ManifestError(f"cannot commit {base}: it holds no files")
+    target = os.path.join(base, name)
+    temporary = f"{target}.tmp.{os.getpid()}"
+    try:
+        with open(temporary, "w", encoding="utf-8") as handle:
+            json.dump({"version": VERSION, "files": entries, "info": dict(info or {})}, handle, indent=1)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, target)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+    return target
+
+
+def read_manifest(path: str) -> dict[str, Any] | None:
+    """The manifest at ``path``, None when there is none; ManifestError when it is unreadable."""
+    try:
+        with open(path, "rb") as handle:
+            data = json.loads(handle.read())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"manifest {os.path.basename(path)} is unreadable ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
+        raise ManifestError(f"manifest {os.path.basename(path)} has no 'files' table")
+    return data
+
+
+def manifest_problems(path: str, base: str, deep: bool = False) -> list[str] | None:
+    """What does not match the manifest at ``path`` (file paths relative to ``base``); None: no manifest."""
+    try:
+        manifest = read_manifest(path)
+    except ManifestError as exc:
+        return [str(exc)]
+    if manifest is None:
+        return None
+    problems = []
+    for rel, expected in sorted(manifest["files"].items()):
+        file_path = os.path.join(base, rel)
+        try:
+            size = os.path.getsize(file_path)
+        except OSError:
+            problems.append(f"{rel}: listed in the manifest but missing")
+            continue
+        if size != expected.get("size"):
+            problems.append(f"{rel}: {size} bytes, the manifest says {expected.get('size')}")
+        elif sample_digest(file_path, size) != expected.get("sample"):
+            problems.append(f"{rel}: content differs from the manifest (a file from another save or run)")
+        elif deep and "sha256" in expected and full_digest(file_path) != expected["sha256"]:
+            problems.append(f"{rel}: SHA-256 differs from the manifest")
+    return problems

@@ -1,0 +1,76 @@
+"""``resume``: load the newest intact checkpoint, and commit each save with a manifest.
+
+Framework-neutral policy over :mod:`ft_plugins.checkpoint`; the framework glue
+(:mod:`ft_plugins.torch.resume`, the MindSpore callback) asks :meth:`Resume.choose` which
+checkpoint to load and calls :meth:`Resume.commit` once a save finished on every rank.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ft_plugins.checkpoint import CheckpointError, Selection, find_latest, write_manifest
+from ft_plugins.config import Option, parse_bool
+from ft_plugins.features.base import Feature
+
+log = logging.getLogger("ft_plugins.resume")
+
+
+class NoIntactCheckpoint(CheckpointError):
+    """Checkpoints exist but none is intact, and starting from scratch was not allowed."""
+
+
+class Resume(Feature):
+    name = "resume"
+    summary = "resume from the newest intact checkpoint; commit manifests after saves"
+    options = (
+        Option("deep", False, "verify full checksums and CRCs instead of structure and sizes", parse_bool),
+        Option("allow_scratch", False, "start from scratch when checkpoints exist but none is intact",
+               parse_bool),
+        Option("manifest", True, "write a commit manifest (sizes, checksums) after every save", parse_bool),
+        Option("full_checksum", False, "put a full SHA-256 of every file in the manifest (reads all data)",
+               parse_bool),
+    )
+
+    def start(self) -> str:
+        self.loaded: Selection | None = None
+        self.committed = 0
+        return "no vendor runtime needed"
+
+    def choose(self, directory: str, format: str = "auto", rank: int | None = None) -> Selection:
+        """The checkpoint to resume from, logging every skipped one; raises NoIntactCheckpoint when
+        checkpoints exist, none is intact and ``allow_scratch`` is off."""
+        selection = find_latest(directory, format, rank=rank, deep=self.settings["deep"])
+        for skipped in selection.skipped:
+            log.warning("resume: skipped %s: %s", skipped.path, skipped.reason)
+        if selection.path is not None:
+            if selection.skipped:
+                log.warning("resume: using %s instead", selection.path)
+            else:
+                log.info("resume: newest checkpoint %s is intact", selection.path)
+        elif selection.skipped:
+            if not self.settings["allow_scratch"]:
+                raise NoIntactCheckpoint(
+                    f"{directory} holds checkpoints but none is intact (see the skipped ones above); "
+                    "fix or remove them, or set FT_PLUGINS_RESUME_ALLOW_SCRATCH=1 to start from scratch")
+            log.warning("resume: no intact checkpoint in %s; starting from scratch (allow_scratch is on)",
+                        directory)
+        self.loaded = selection
+        return selection
+
+    def commit(self, checkpoint_dir: str) -> str | None:
+        """Write the manifest of a finished save; a failure is logged, never raised into training."""
+        if not self.settings["manifest"]:
+            return None
+        try:
+            path = write_manifest(checkpoint_dir, full=self.settings["full_checksum"])
+        except (OSError, ValueError) as exc:
+            log.warning("resume: could not commit %s: %s", checkpoint_dir, exc)
+            return None
+        self.committed += 1
+        return path
+
+    def activity(self) -> str:
+        loaded = self.loaded.path if self.loaded is not None and self.loaded.path else "nothing loaded"
+        skipped = len(self.loaded.skipped) if self.loaded is not None else 0
+        return f"resumed from {loaded} ({skipped} skipped); {self.committed} saves committed"

@@ -1,0 +1,122 @@
+"""Megatron glue for ``resume``: ``load_checkpoint`` loads the newest intact iteration, saves get committed.
+
+Megatron trusts ``latest_checkpointed_iteration.txt``: a garbage tracker exits, one naming a broken
+iteration fails the load. Around ``load_checkpoint`` rank 0 chooses the newest intact iteration,
+broadcasts it, and every rank loads that one (Megatron's own ``ckpt_step``, and its tracker reader
+answering with the choice for the length of the call). After ``save_checkpoint`` returns (all
+ranks have passed its barrier), rank 0 writes the commit manifest.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+from ft_plugins.features.resume import NoIntactCheckpoint, Resume
+
+log = logging.getLogger("ft_plugins.resume")
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _broadcast(decision: dict[str, Any]) -> dict[str, Any]:
+    """Rank 0's decision on every rank (a no-op without torch.distributed)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return decision
+    box = [decision]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+class MegatronResume:
+    """The two wrappers (wrapt signature) and :meth:`wrap_load` for source patched by ``ft-plugins patch``."""
+
+    def __init__(self, feature: Resume) -> None:
+        self.feature = feature
+
+    def _decide(self, load_dir: str | None) -> dict[str, Any]:
+        """Rank 0's choice: ``{"iteration", "release"}``, ``{"error"}``, or ``{}`` to leave Megatron alone."""
+        if _rank() != 0 or not load_dir:
+            return {}
+        try:
+            selection = self.feature.choose(load_dir, "megatron")
+        except NoIntactCheckpoint as exc:
+            return {"error": str(exc)}
+        except Exception as exc:  # e.g. an unreadable directory: Megatron's own load reports it
+            log.warning("resume: cannot examine %s (%s); Megatron loads as usual", load_dir, exc)
+            return {}
+        if selection.path is None:
+            return {"iteration": None, "release": False}
+        release = selection.iteration is None
+        return {"iteration": 0 if release else selection.iteration, "release": release}
+
+    @contextmanager
+    def _loading(self, checkpointing: Any, megatron_args: Any, load_dir: str | None) -> Iterator[None]:
+        """For one load: every rank uses rank 0's choice; Megatron's tracker reader and ckpt_step follow it."""
+        if getattr(megatron_args, "ckpt_step", None):  # the user named the step: Megatron's own behaviour
+            yield
+            return
+        decision = _broadcast(self._decide(load_dir))
+        if "error" in decision:
+            raise NoIntactCheckpoint(decision["error"])
+        if "iteration" not in decision:
+            yield
+            return
+        iteration, release = decision["iteration"], decision["release"]
+        original_reader = checkpointing.read_metadata
+        had_step = hasattr(megatron_args, "ckpt_step")  # Megatron-LM before core_r0.8 has no ckpt_step
+        checkpointing.read_metadata = lambda tracker_filename: (-1 if iteration is None else iteration, release)
+        if iteration and not release and had_step:
+            megatron_args.ckpt_step = iteration
+        try:
+            yield
+        finally:
+            checkpointing.read_metadata = original_reader
+            if had_step:
+                megatron_args.ckpt_step = None
+
+    def load_checkpoint(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        checkpointing = sys.modules[wrapped.__module__]
+        megatron_args = checkpointing.get_args()
+        load_arg = kwargs.get("load_arg", args[3] if len(args) > 3 else "load")
+        with self._loading(checkpointing, megatron_args, getattr(megatron_args, load_arg, None)):
+            return wrapped(*args, **kwargs)
+
+    def save_checkpoint(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        result = wrapped(*args, **kwargs)
+        if kwargs.get("non_persistent_ckpt"):  # local / non-persistent saves live elsewhere
+            return result
+        try:
+            self._commit(sys.modules[wrapped.__module__], kwargs.get("iteration", args[0] if args else None),
+                         kwargs.get("release", False))
+        except Exception as exc:  # never into training
+            log.warning("resume: commit after save failed: %s: %s", type(exc).__name__, exc)
+        return result
+
+    def _commit(self, checkpointing: Any, iteration: int | None, release: bool) -> None:
+        megatron_args = checkpointing.get_args()
+        if _rank() != 0 or iteration is None or not getattr(megatron_args, "save", None):
+            return
+        if getattr(megatron_args, "async_save", False):
+            log.info("resume: async save of iteration %s is not committed (no manifest for async saves)", iteration)
+            return
+        self.feature.commit(os.path.join(megatron_args.save, "release" if release else f"iter_{iteration:07d}"))
+
+    def wrap_load(self, load_checkpoint: Callable[..., Any]) -> Callable[..., Any]:
+        """``load_checkpoint`` with the same signature, choosing the newest intact iteration."""
+
+        @functools.wraps(load_checkpoint)
+        def load_newest_intact(*args: Any, **kwargs: Any) -> Any:
+            return self.load_checkpoint(load_checkpoint, None, args, kwargs)
+
+        return load_newest_intact

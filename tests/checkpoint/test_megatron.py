@@ -1,0 +1,300 @@
+"""Real megatron ``pretrain()`` saves (torch and torch_dist formats), broken one way each, and real resumes.
+
+Pristine saves are made once per module; every test breaks its own copy. The resume tests run
+``pretrain()`` again on the broken copy and check it continues exactly like the uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from ft_plugins.checkpoint import find_latest, verify
+from support import MEGATRON_EXAMPLE, fake_env, run_megatron
+
+HERE = Path(__file__).resolve().parent
+KILL_MID_SAVE = HERE / "fixtures" / "kill_mid_save.py"
+TRACKER = "latest_checkpointed_iteration.txt"
+MODEL = "mp_rank_00/model_optim_rng.pt"
+
+
+def _save(tmp_path_factory: pytest.TempPathFactory, name: str, nproc: int, *args: str,
+          entry: Path = MEGATRON_EXAMPLE, expect_ok: bool = True, **env: str) -> Path:
+    workdir = tmp_path_factory.mktemp(name)
+    save = workdir / "ckpt"
+    result = run_megatron(workdir, nproc, fake_env(workdir / "calls.jsonl", **env), "--save", str(save),
+                          "--save-interval", "2", *args, entry=entry)
+    (workdir / "output.txt").write_text(result.stdout + result.stderr)
+    if expect_ok:
+        assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    return save
+
+
+def _resume(workdir: Path, save: Path, nproc: int, *args: str, **env: str):
+    return run_megatron(workdir, nproc, fake_env(workdir / "calls.jsonl", **env), "--save", str(save),
+                        "--load", str(save), "--save-interval", "2", *args)
+
+
+@pytest.fixture(scope="module")
+def torch_save(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Iterations 2, 4, 6 in the legacy torch format, committed by ft_plugins (default FT_PLUGINS=auto)."""
+    return _save(tmp_path_factory, "torch", 1, "--train-iters", "6")
+
+
+@pytest.fixture(scope="module")
+def other_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Another run (other seed), without ft_plugins: no manifests."""
+    return _save(tmp_path_factory, "other", 1, "--train-iters", "6", "--seed", "99", "--no-ft-plugins-import")
+
+
+@pytest.fixture(scope="module")
+def dist_save(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _save(tmp_path_factory, "dist", 1, "--train-iters", "4", "--ckpt-format", "torch_dist")
+
+
+def _iter(save: Path, iteration: int) -> Path:
+    return save / f"iter_{iteration:07d}"
+
+
+def _choose(save: Path, deep: bool = False) -> tuple[int | None, list[str]]:
+    selection = find_latest(save, "auto", deep=deep)
+    assert selection.format == ("megatron" if selection.path else selection.format)
+    return selection.iteration, [f"{Path(s.path).name}: {s.reason}" for s in selection.skipped]
+
+
+def test_pristine_saves_are_committed_and_the_newest_is_chosen(torch_save: Path, dist_save: Path) -> None:
+    for save, newest in ((torch_save, 6), (dist_save, 4)):
+        assert (_iter(save, newest) / "ft_manifest.json").is_file()
+        assert _choose(save) == (newest, [])
+        assert _choose(save, deep=True) == (newest, [])
+
+
+CORRUPTIONS = {
+    "truncated file": (lambda s, d: d.truncate(_iter(s, 6) / MODEL), 4, "not a readable torch zip archive"),
+    "zero bytes": (lambda s, d: d.zero(_iter(s, 6) / MODEL), 4, "empty (0 bytes)"),
+    "missing rank directory": (lambda s, d: shutil.rmtree(_iter(s, 6) / "mp_rank_00"), 4,
+                               "listed in the manifest but missing"),
+    "tracker names a missing iteration": (lambda s, d: (s / TRACKER).write_text("8"), 6, "named by"),
+    "tracker names a broken iteration": (lambda s, d: (d.truncate(_iter(s, 4) / MODEL, 0.9),
+                                                       (s / TRACKER).write_text("4"),
+                                                       shutil.rmtree(_iter(s, 6))), 2,
+                                         "not a readable torch zip archive"),
+    "garbage tracker": (lambda s, d: (s / TRACKER).write_bytes(b"\x00\x17garbage"), 6, "neither an iteration"),
+    "_tmp newer than everything": (lambda s, d: shutil.copytree(_iter(s, 6), s / "iter_0000008_tmp"),
+                                   6, "never renamed from _tmp"),
+    "manifest mismatch": (lambda s, d: d.flip(_iter(s, 6) / MODEL, -30), 4, "content differs from the manifest"),
+    "uncommitted save": (lambda s, d: (_iter(s, 6) / "ft_manifest.json").unlink(), 4, "uncommitted"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CORRUPTIONS))
+def test_each_corruption_of_a_real_torch_save_falls_back(case: str, torch_save: Path, tmp_path: Path,
+                                                        damage) -> None:
+    corrupt, expected, reason = CORRUPTIONS[case]
+    save = damage.copy(torch_save, tmp_path / "ckpt")
+    corrupt(save, damage)
+    iteration, skipped = _choose(save)
+    assert iteration == expected, skipped
+    assert any(reason in entry for entry in skipped), skipped
+
+
+def test_files_from_another_run_mixed_in(torch_save: Path, other_run: Path, tmp_path: Path, damage) -> None:
+    save = damage.copy(torch_save, tmp_path / "ckpt")
+    foreign = other_run / "iter_0000006" / MODEL
+    (_iter(save, 6) / MODEL).write_bytes(foreign.read_bytes())  # structurally sound, wrong run
+    assert verify(_iter(other_run, 6)).intact
+    iteration, skipped = _choose(save)
+    assert iteration == 4
+    assert len(skipped) == 1 and skipped[0].startswith(f"iter_0000006: {MODEL}: ") and "the manifest" in skipped[0]
+
+
+def test_deep_verification_finds_what_the_fast_one_cannot(torch_save: Path, tmp_path: Path, damage) -> None:
+    save = damage.copy(torch_save, tmp_path / "ckpt")
+    damage.flip(_iter(save, 6) / MODEL, 200_000)  # inside tensor data: size, head, tail unchanged
+    assert _choose(save) == (6, [])
+    iteration, skipped = _choose(save, deep=True)
+    assert iteration == 4 and "fails its CRC check" in skipped[0]
+
+
+def test_without_manifests_the_structure_and_the_neighbours_decide(other_run: Path, tmp_path: Path,
+                                                                   damage) -> None:
+    save = damage.copy(other_run, tmp_path / "ckpt")
+    assert _choose(save) == (6, [])
+    (_iter(save, 6) / MODEL).unlink()
+    damage.zero(_iter(save, 4) / MODEL)
+    iteration, skipped = _choose(save)
+    assert iteration == 2
+    assert skipped == [f"iter_0000006: {MODEL}: missing", f"iter_0000004: {MODEL}: empty (0 bytes)"]
+
+
+DIST_CORRUPTIONS = {
+    "missing .metadata": (lambda s, d: (_iter(s, 4) / ".metadata").unlink(), ".metadata: missing"),
+    "truncated .metadata": (lambda s, d: d.truncate(_iter(s, 4) / ".metadata"), "pickle framing broken"),
+    "truncated distcp": (lambda s, d: d.truncate(next(_iter(s, 4).glob("*.distcp"))), "the manifest says"),
+    "truncated common.pt": (lambda s, d: d.truncate(_iter(s, 4) / "common.pt"), "not a readable torch zip"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DIST_CORRUPTIONS))
+@pytest.mark.parametrize("manifests", [True, False], ids=["committed", "no-manifest"])
+def test_each_corruption_of_a_real_torch_dist_save_falls_back(case: str, manifests: bool, dist_save: Path,
+                                                             tmp_path: Path, damage) -> None:
+    corrupt, reason = DIST_CORRUPTIONS[case]
+    save = damage.copy(dist_save, tmp_path / "ckpt")
+    if not manifests:
+        damage.strip_manifests(save)
+        if reason == "the manifest says":
+            reason = ""  # raw tensor bytes: only the manifest knows their size
+    corrupt(save, damage)
+    iteration, skipped = _choose(save)
+    if reason:
+        assert iteration == 2 and reason in skipped[0], skipped
+    else:
+        assert iteration == 4
+
+
+def test_cli_reports_choice_and_skips_as_json_and_exit_codes(torch_save: Path, tmp_path: Path, damage,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    save = damage.copy(torch_save, tmp_path / "ckpt")
+    damage.truncate(_iter(save, 6) / MODEL)
+    code, out = damage.cli_json(capsys, "ckpt", "latest", str(save))
+    assert code == 0
+    assert out["path"] == str(_iter(save, 4)) and out["iteration"] == 4 and out["format"] == "megatron"
+    assert [entry["path"] for entry in out["skipped"]] == [str(_iter(save, 6))]
+    code, out = damage.cli_json(capsys, "ckpt", "verify", str(_iter(save, 6)))
+    assert code == 3 and out["intact"] is False and "truncated" in " ".join(out["reasons"])
+    assert damage.cli_json(capsys, "ckpt", "verify", str(_iter(save, 4)))[0] == 0
+    for iteration in (2, 4):
+        damage.zero(_iter(save, iteration) / MODEL)
+    code, out = damage.cli_json(capsys, "ckpt", "latest", str(save), "--format", "megatron")
+    assert code == 3 and out["path"] is None and len(out["skipped"]) == 3
+    assert verify(_iter(save, 2)).reasons[-1].endswith("empty (0 bytes)")
+
+
+def _saved_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """Model and optimizer tensors of a checkpoint this test wrote itself (trusted: full load is fine)."""
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    flat: dict[str, torch.Tensor] = {}
+
+    def walk(value: object, prefix: str) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                walk(item, f"{prefix}/{key}")
+        elif isinstance(value, (list, tuple)):
+            for index, item in enumerate(value):
+                walk(item, f"{prefix}[{index}]")
+        elif torch.is_tensor(value):
+            flat[prefix] = value
+
+    walk({"model": state["model"], "optimizer": state["optimizer"]}, "")
+    assert flat
+    return flat
+
+
+def _assert_bit_identical(left: Path, right: Path) -> None:
+    a, b = _saved_tensors(left), _saved_tensors(right)
+    assert a.keys() == b.keys()
+    different = [name for name in a if not torch.equal(a[name], b[name])]
+    assert not different, different
+
+
+def test_resume_skips_broken_and_garbage_tracker_and_continues_bit_identically(
+        torch_save: Path, tmp_path: Path, damage) -> None:
+    save = damage.copy(torch_save, tmp_path / "ckpt")
+    damage.truncate(_iter(save, 6) / MODEL)
+    (save / TRACKER).write_text("6?")  # Megatron alone exits on this tracker
+    result = _resume(tmp_path, save, 1, "--train-iters", "6")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert "resume: skipped" in output and "loading checkpoint from" in output
+    assert re.search(r"successfully loaded checkpoint from .* at iteration 4\b", output), output[-3000:]
+    _assert_bit_identical(_iter(torch_save, 6) / MODEL, _iter(save, 6) / MODEL)
+    assert find_latest(save).iteration == 6 and (save / TRACKER).read_text() == "6"
+
+
+def _losses(output: str) -> dict[int, str]:
+    return {int(m.group(1)): m.group(2) for m in re.finditer(r"iteration\s+(\d+)/.*?lm loss: (\S+)", output)}
+
+
+def test_torch_dist_resume_without_metadata_continues_like_megatron_resuming_from_that_checkpoint(
+        dist_save: Path, tmp_path: Path, damage) -> None:
+    """Megatron's own torch_dist resume on CPU does not restore the optimizer bit-exactly (iteration 4
+    differs from the uninterrupted run with or without ft_plugins), so the reference is Megatron alone
+    resuming from iteration 2 in a directory where iteration 4 never existed."""
+    reference = damage.copy(dist_save, tmp_path / "reference" / "ckpt")
+    shutil.rmtree(_iter(reference, 4))
+    (reference / TRACKER).write_text("2")
+    expected = _resume(reference.parent, reference, 1, "--train-iters", "4", "--ckpt-format", "torch_dist",
+                       "--no-ft-plugins-import")
+    save = damage.copy(dist_save, tmp_path / "ckpt")
+    (_iter(save, 4) / ".metadata").unlink()
+    result = _resume(tmp_path, save, 1, "--train-iters", "4", "--ckpt-format", "torch_dist")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0 and expected.returncode == 0, output[-4000:]
+    assert re.search(r"successfully loaded checkpoint from .* at iteration 2\b", output), output[-3000:]
+    resumed, reference_losses = _losses(output), _losses(expected.stdout + expected.stderr)
+    assert sorted(resumed) == [3, 4] and resumed == reference_losses
+    assert resumed[3] == _losses((dist_save.parent / "output.txt").read_text())[3]
+
+
+def test_checkpoints_but_none_intact_is_an_error_unless_scratch_is_allowed(torch_save: Path, tmp_path: Path,
+                                                                           damage) -> None:
+    save = damage.copy(torch_save, tmp_path / "ckpt")
+    for iteration in (2, 4, 6):
+        damage.zero(_iter(save, iteration) / MODEL)
+    refused = _resume(tmp_path, save, 1, "--train-iters", "2")
+    assert refused.returncode != 0
+    assert "none is intact" in refused.stderr and "FT_PLUGINS_RESUME_ALLOW_SCRATCH=1" in refused.stderr
+    allowed = _resume(tmp_path, save, 1, "--train-iters", "2", FT_PLUGINS_RESUME_ALLOW_SCRATCH="1")
+    assert allowed.returncode == 0, (allowed.stdout + allowed.stderr)[-4000:]
+    assert "starting from scratch" in allowed.stderr
+
+
+def test_rank_killed_mid_save_resumes_all_ranks_from_the_previous_intact_checkpoint(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    tp2 = ("--tensor-model-parallel-size", "2", "--train-iters", "4")
+    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    reference = _save(tmp_path_factory, "tp2_reference", 2, *tp2, **env)
+    killed = _save(tmp_path_factory, "tp2_killed", 2, *tp2, entry=KILL_MID_SAVE, expect_ok=False,
+                   FT_TEST_KILL_ITER="4", FT_TEST_KILL_RANK="1", **env)
+    assert (killed / TRACKER).read_text() == "2"
+    assert (_iter(killed, 4) / "mp_rank_01" / "model_optim_rng.pt").is_file()  # died while writing it
+    iteration, skipped = _choose(killed)
+    assert iteration == 2 and "mp_rank_01/model_optim_rng.pt: not a readable torch zip" in skipped[0]
+    result = _resume(killed.parent, killed, 2, *tp2, **env)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert output.count("resume: skipped") == 1  # decided once, on rank 0
+    assert re.search(r"successfully loaded checkpoint from .* at iteration 2\b", output), output[-3000:]
+    for rank_dir in ("mp_rank_00", "mp_rank_01"):
+        _assert_bit_identical(_iter(reference, 4) / rank_dir / "model_optim_rng.pt",
+                              _iter(killed, 4) / rank_dir / "model_optim_rng.pt")
+    assert find_latest(killed).iteration == 4 and os.path.isfile(_iter(killed, 4) / "ft_manifest.json")
+
+
+def test_hook_for_patched_sources_gives_the_same_choice(torch_save: Path, tmp_path: Path, damage) -> None:
+    save = damage.copy(torch_save, tmp_path / "ckpt")
+    damage.strip_manifests(save)  # as written by a run without ft_plugins
+    damage.zero(_iter(save, 6) / MODEL)
+    result = run_megatron(tmp_path, 1, fake_env(tmp_path / "calls.jsonl"), "--save", str(save), "--load", str(save),
+                          "--train-iters", "6", "--save-interval", "2", entry=HERE / "fixtures" / "hooked_entry.py")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert "iter_0000006: mp_rank_00/model_optim_rng.pt: empty (0 bytes)" in output
+    assert re.search(r"successfully loaded checkpoint from .* at iteration 4\b", output), output[-3000:]
+    _assert_bit_identical(_iter(torch_save, 6) / MODEL, _iter(save, 6) / MODEL)
+
+
+def test_release_named_by_the_tracker_comes_first(torch_save: Path, tmp_path: Path, damage) -> None:
+    save = damage.copy(torch_save, tmp_path / "ckpt")
+    shutil.copytree(_iter(save, 2), save / "release")
+    (save / TRACKER).write_text("release")
+    selection = find_latest(save)
+    assert (selection.path, selection.iteration) == (str(save / "release"), None)
+    damage.truncate(save / "release" / MODEL)
+    assert find_latest(save).iteration == 6

@@ -1,0 +1,171 @@
+"""Real MindSpore ``ModelCheckpoint``, MindFormers ``CheckpointMonitor`` / iteration-layout and Hugging Face
+Trainer saves, broken one way each; resumes that continue byte-identically to the uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ft_plugins.checkpoint import find_latest, write_manifest
+from ft_plugins.checkpoint.layouts import manifest_name
+from support import PYTHON, REPO
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FT_PLUGINS")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
+
+
+def _script(name: str, *args: str, cwd: Path, damage) -> str:
+    return damage.run_ok([PYTHON, str(FIXTURES / name), *args], cwd=cwd, env=_env(), timeout=300).stdout
+
+
+@pytest.fixture(scope="module")
+def ms_save(tmp_path_factory: pytest.TempPathFactory, damage) -> Path:
+    workdir = tmp_path_factory.mktemp("ms")
+    _script("mindspore_train.py", "save", str(workdir / "ckpt"), cwd=workdir, damage=damage)
+    return workdir / "ckpt"
+
+
+@pytest.fixture(scope="module")
+def mf_save(tmp_path_factory: pytest.TempPathFactory, damage) -> Path:
+    workdir = tmp_path_factory.mktemp("mf")  # mindformers writes ./output here
+    _script("mindspore_train.py", "mindformers", str(workdir), cwd=workdir, damage=damage)
+    _script("mindspore_train.py", "iterations", str(workdir / "iterations"), cwd=workdir, damage=damage)
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def hf_save(tmp_path_factory: pytest.TempPathFactory, damage) -> Path:
+    workdir = tmp_path_factory.mktemp("hf")
+    _script("hf_train.py", str(workdir / "out"), cwd=workdir, damage=damage)
+    return workdir / "out"
+
+
+def _names(selection) -> tuple[str | None, list[str]]:
+    path = os.path.relpath(selection.path, selection.path.rsplit("/rank_", 1)[0]) if selection.path else None
+    return path, [f"{Path(s.path).name}: {s.reason}" for s in selection.skipped]
+
+
+def test_mindspore_pristine_picks_the_newest_step_for_the_asked_rank(ms_save: Path) -> None:
+    for rank in (0, 1):
+        selection = find_latest(ms_save, rank=rank)
+        assert selection.format == "mindspore" and (selection.epoch, selection.step) == (2, 4)
+        assert selection.path == str(ms_save / f"rank_{rank}" / "net-2_4.ckpt") and not selection.skipped
+    assert find_latest(ms_save / "rank_0", deep=True).path == str(ms_save / "rank_0" / "net-2_4.ckpt")
+
+
+MS_CORRUPTIONS = {
+    "truncated": (lambda s, d: d.truncate(s / "rank_1/net-2_4.ckpt"), (2, 2), "field runs past the end"),
+    "zero bytes": (lambda s, d: d.zero(s / "rank_0/net-2_4.ckpt"), (2, 2), "empty (0 bytes)"),
+    "one rank's file missing": (lambda s, d: (s / "rank_1/net-2_4.ckpt").unlink(), (2, 2),
+                                "no 2_4 file for rank_1"),
+    "breakpoint newer than everything": (
+        lambda s, d: [shutil.copy(s / f"rank_{r}/net-2_4.ckpt", s / f"rank_{r}/net-3_2_breakpoint.ckpt")
+                      for r in (0, 1)], (2, 4), "breakpoint checkpoint"),
+    "manifest mismatch": (
+        lambda s, d: (write_manifest(s, ["rank_0/net-2_4.ckpt", "rank_1/net-2_4.ckpt"], name=manifest_name(2, 4)),
+                      d.flip(s / "rank_1/net-2_4.ckpt", -3)), (2, 2), "content differs from the manifest"),
+    "uncommitted": (
+        lambda s, d: write_manifest(s, ["rank_0/net-2_2.ckpt", "rank_1/net-2_2.ckpt"], name=manifest_name(2, 2)),
+        (2, 2), "uncommitted"),
+    "files of two runs mixed": (
+        lambda s, d: (write_manifest(s, ["rank_0/net-2_4.ckpt", "rank_1/net-2_4.ckpt"], name=manifest_name(2, 4)),
+                      shutil.copy(s / "rank_1/net-1_2.ckpt", s / "rank_1/net-2_4.ckpt")), (2, 2),
+        "the manifest"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MS_CORRUPTIONS))
+def test_mindspore_each_corruption_falls_back_for_every_rank(case: str, ms_save: Path, tmp_path: Path,
+                                                             damage) -> None:
+    corrupt, expected, reason = MS_CORRUPTIONS[case]
+    save = damage.copy(ms_save, tmp_path / "ckpt")
+    corrupt(save, damage)
+    for rank in (0, 1):
+        selection = find_latest(save, "mindspore", rank=rank)
+        assert (selection.epoch, selection.step) == expected, selection.skipped
+        assert selection.path == str(save / f"rank_{rank}" / f"net-{expected[0]}_{expected[1]}.ckpt")
+        assert any(reason in s.reason for s in selection.skipped), selection.skipped
+
+
+def test_mindspore_rank_without_files_and_cli(ms_save: Path, tmp_path: Path, damage,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    save = damage.copy(ms_save, tmp_path / "ckpt")
+    code, out = damage.cli_json(capsys, "ckpt", "latest", str(save), "--rank", "1")
+    assert code == 0 and out["path"].endswith("rank_1/net-2_4.ckpt") and (out["epoch"], out["step"]) == (2, 4)
+    code, out = damage.cli_json(capsys, "ckpt", "latest", str(save), "--rank", "2")
+    assert code == 3 and out["path"] is None and "no 2_4 file for rank_2" in out["skipped"][0]["reason"]
+    code, out = damage.cli_json(capsys, "ckpt", "verify", str(save / "rank_0" / "net-1_2.ckpt"))
+    assert code == 0 and out["format"] == "mindspore"
+
+
+def test_mindspore_resume_from_the_choice_is_byte_identical_to_the_uninterrupted_run(
+        ms_save: Path, tmp_path: Path, damage) -> None:
+    save = damage.copy(ms_save, tmp_path / "ckpt")
+    damage.truncate(save / "rank_0/net-2_4.ckpt")
+    damage.zero(save / "rank_1/net-2_2.ckpt")
+    output = _script("mindspore_train.py", "resume", str(save), str(tmp_path / "resumed"), cwd=tmp_path,
+                     damage=damage)
+    chosen = json.loads(output.strip().splitlines()[-1])
+    assert chosen["path"] == str(save / "rank_0/net-1_4.ckpt") and (chosen["epoch"], chosen["step"]) == (1, 4)
+    assert len(chosen["skipped"]) == 2
+    assert (tmp_path / "resumed/net-2_4.ckpt").read_bytes() == (ms_save / "rank_0/net-2_4.ckpt").read_bytes()
+
+
+def test_mindformers_checkpoint_monitor_layout(mf_save: Path, tmp_path: Path, damage) -> None:
+    save = damage.copy(mf_save / "checkpoint", tmp_path / "checkpoint")
+    selection = find_latest(save)
+    assert selection.format == "mindformers" and selection.path == str(save / "rank_0/mf_rank_0-2_4.ckpt")
+    (tmp_path / "health_ckpts.json").write_text(json.dumps(
+        [{"is_health": 0, "ckpt_name": "mf_rank_0-2_2.ckpt"}, {"is_health": 1, "ckpt_name": "mf_rank_0-2_4.ckpt"}]))
+    selection = find_latest(save, "mindformers", rank=0)
+    assert (selection.epoch, selection.step) == (2, 2) and "unhealthy" in selection.skipped[0].reason
+    damage.truncate(save / "rank_0/mf_rank_0-2_2.ckpt")
+    selection = find_latest(save, rank=0)
+    assert (selection.epoch, selection.step) == (1, 4) and len(selection.skipped) == 2
+
+
+def test_mindformers_iteration_layout(mf_save: Path, tmp_path: Path, damage) -> None:
+    save = damage.copy(mf_save / "iterations", tmp_path / "iterations")
+    selection = find_latest(save)
+    assert (selection.format, selection.iteration, selection.step) == ("mindformers", 4, 4)
+    assert not selection.skipped
+    newest = save / "iteration_00000004"
+    damage.truncate(newest / "opt-0000000-0000001.safetensors")
+    (newest / "common.json").write_text('{"epoch_num": 1,')
+    (save / "latest_checkpointed_iteration.txt").write_text("6")
+    selection = find_latest(save)
+    assert selection.iteration == 2 and selection.step == 2
+    reasons = [s.reason for s in selection.skipped]
+    assert reasons[0] == "named by latest_checkpointed_iteration.txt but missing"
+    assert "common.json: not valid JSON" in reasons[1] and "opt-0000000: safetensors header length" in reasons[1]
+
+
+def test_hf_trainer_checkpoints(hf_save: Path, tmp_path: Path, damage) -> None:
+    assert (find_latest(hf_save).format, find_latest(hf_save).iteration) == ("hf", 6)
+    save = damage.copy(hf_save, tmp_path / "out")
+    shutil.copytree(save / "checkpoint-6", save / "tmp-checkpoint-8")
+    (save / "checkpoint-6" / "trainer_state.json").write_text("{")
+    selection = find_latest(save, "hf")
+    assert selection.iteration == 4
+    assert [Path(s.path).name for s in selection.skipped] == ["tmp-checkpoint-8", "checkpoint-6"]
+    assert "trainer_state.json: not valid JSON" in selection.skipped[1].reason
+
+
+def test_hf_resume_through_the_hook_is_byte_identical_to_the_uninterrupted_run(
+        hf_save: Path, tmp_path: Path, damage) -> None:
+    save = damage.copy(hf_save, tmp_path / "out")
+    damage.truncate(save / "checkpoint-6" / "model.safetensors")
+    (save / "checkpoint-4" / "optimizer.pt").unlink()
+    output = _script("hf_train.py", str(save), "--resume", cwd=tmp_path, damage=damage)
+    assert f"resuming from {save / 'checkpoint-2'}" in output
+    for name in ("model.safetensors", "optimizer.pt", "scheduler.pt"):
+        assert (save / "checkpoint-6" / name).read_bytes() == (hf_save / "checkpoint-6" / name).read_bytes(), name

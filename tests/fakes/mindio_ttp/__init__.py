@@ -1,0 +1,1 @@
+"""Fake of MindIO TTP (``mindio_ttp``, shipped inside MindCluster): see framework_ttp."""

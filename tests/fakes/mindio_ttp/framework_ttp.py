@@ -1,0 +1,144 @@
+"""Fake of ``mindio_ttp.framework_ttp``: the documented ``tft_*`` signatures, every call recorded.
+
+There is no controller here. ``fake_controller_dying_gasp(step)`` plays the controller's part
+after a rank failed: it calls the registered save handler ``func(step, save_info, args, ctx)`` in
+a new thread, as MindIO does, then the rename handler ``func(step, ctx)`` (MindSpore's form).
+``FT_FAKE_TTP_INIT=raise`` makes ``tft_init_processor`` raise like a failed processor start.
+"""
+
+import enum
+import threading
+
+from fake_record import misbehave, record
+
+handlers = {}
+_state = {"step_args": None}
+
+
+class ReportState(enum.Enum):
+    RS_NORMAL = "RS_NORMAL"
+    RS_UCE = "RS_UCE"
+    RS_HCCL_FAILED = "RS_HCCL_FAILED"
+    RS_UNKNOWN = "RS_UNKNOWN"
+    RS_INIT_FINISH = "RS_INIT_FINISH"
+
+
+class Action(enum.Enum):
+    RETRY = "retry"
+    EXIT = "exit"
+
+
+class RepairType(enum.Enum):
+    RT_SEND = "send"
+    RT_UCE_HIGHLEVEL = "uce_highlevel"
+    RT_UCE_LOWLEVEL = "uce_lowlevel"
+    RT_RECV_REPAIR = "recv"
+
+
+def tft_init_controller(rank, world_size, enable_local_copy, enable_arf=False, enable_zit=False):
+    record("tft_init_controller", rank, world_size, enable_local_copy, enable_arf=enable_arf, enable_zit=enable_zit)
+
+
+def tft_start_controller(bind_ip, port, enable_tls=True, tls_info=''):
+    record("tft_start_controller", bind_ip, port, enable_tls, tls_info)
+
+
+def tft_init_processor(rank, world_size, enable_local_copy, enable_tls=True, tls_info='',
+                       enable_uce=True, enable_arf=False, enable_zit=False):
+    record("tft_init_processor", rank, world_size, enable_local_copy, enable_tls, tls_info,
+           enable_uce=enable_uce, enable_arf=enable_arf, enable_zit=enable_zit)
+    misbehave("FT_FAKE_TTP_INIT")
+
+
+def tft_start_processor(master_ip, port, local_ip=''):
+    record("tft_start_processor", master_ip, port, local_ip)
+
+
+def tft_destroy_processor():
+    record("tft_destroy_processor")
+
+
+def tft_destroy_controller():
+    record("tft_destroy_controller")
+
+
+def tft_is_reboot_node():
+    return False
+
+
+def tft_set_optimizer_replica(rank, replica_info):
+    record("tft_set_optimizer_replica", rank, replica_info)
+
+
+def tft_set_dp_group_info(rank, dp_rank_list):
+    record("tft_set_dp_group_info", rank, dp_rank_list)
+
+
+def tft_set_step_args(args):
+    record("tft_set_step_args", type(args).__name__)
+    _state["step_args"] = args
+
+
+def tft_start_updating_os(backup_step=-1):
+    record("tft_start_updating_os", backup_step)
+
+
+def tft_end_updating_os(step):
+    if step < 1:
+        raise ValueError(f"tft_end_updating_os: step must be >= 1, got {step}")
+    record("tft_end_updating_os", step)
+
+
+def tft_pause_train(cur_step):
+    record("tft_pause_train", cur_step)
+
+
+def tft_report_error(state):
+    record("tft_report_error", state)
+
+
+def tft_get_repair_type():
+    return "dump"
+
+
+def set_mindio_export_version(version):
+    record("set_mindio_export_version", version)
+
+
+def tft_exception_handler(func):
+    record("tft_exception_handler", getattr(func, "__name__", repr(func)))
+    return func
+
+
+def _register(kind):
+    def register(func, ctx=None):
+        record(f"tft_register_{kind}_handler", getattr(func, "__name__", repr(func)))
+        handlers[kind] = (func, ctx)
+
+    register.__name__ = f"tft_register_{kind}_handler"
+    return register
+
+
+for _kind in ("save_ckpt", "rename", "exit", "stop", "clean", "repair", "rollback", "rebuild_group",
+              "stream_sync"):
+    globals()[f"tft_register_{_kind}_handler"] = _register(_kind)
+
+
+def fake_controller_dying_gasp(step, save_info=None):
+    """What the controller makes a healthy rank do when another one died: save, then rename."""
+    errors = []
+
+    def run():
+        try:
+            save, save_ctx = handlers["save_ckpt"]
+            save(step, save_info or [{"type": 1, "ranks": [0]}], _state["step_args"], save_ctx)
+            rename, rename_ctx = handlers["rename"]
+            rename(step, rename_ctx)
+        except BaseException as exc:  # reported to the caller, as the controller would log it
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name="mindio-save")
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]

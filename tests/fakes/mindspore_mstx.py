@@ -1,0 +1,26 @@
+"""Fake of ``mindspore.profiler.mstx`` (same signatures), recording calls: the real one records nothing
+off Ascend. Tests put it in place of ``mindspore.profiler.mstx`` and nothing else."""
+
+import itertools
+
+from fake_record import record
+
+_ids = itertools.count(1)
+
+
+def _stream_name(stream: object) -> object:
+    return None if stream is None else "current"
+
+
+def mark(message, stream=None, domain="default"):
+    record("mstx.mark", message, _stream_name(stream), domain=domain)
+
+
+def range_start(message, stream=None, domain="default"):
+    range_id = next(_ids)
+    record("mstx.range_start", message, _stream_name(stream), domain=domain, id=range_id)
+    return range_id
+
+
+def range_end(range_id, domain="default"):
+    record("mstx.range_end", range_id, domain=domain)

@@ -1,0 +1,141 @@
+"""MindFormers 1.8.0: ``- type: FaultTolerance`` in a YAML ``callbacks:`` list, built by MindFormers
+(``MindFormerConfig`` + ``build_callback``) and run by a real ``model.train`` with MindFormers'
+``MFLossMonitor`` and ``CheckpointMonitor``. MindFormers writes ./output, so each run is in a temp dir."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from support import REPO
+
+YAML = """
+callbacks:
+  - type: MFLossMonitor
+    origin_epochs: 2
+    dataset_size: 4
+    global_batch_size: 2
+  - type: FaultTolerance
+    features: taskd,mstx,resume
+    mstx: {backend: mindspore}
+    taskd: {disk_limit_mb: 2000}
+  - type: CheckpointMonitor
+    prefix: tiny
+    save_checkpoint_steps: 4
+"""
+
+
+def _callbacks(directory: Path) -> list:
+    from mindformers.core.callback import build_callback
+    from mindformers.tools.register import MindFormerConfig
+
+    (directory / "task.yaml").write_text(YAML)
+    return build_callback(MindFormerConfig(str(directory / "task.yaml")).callbacks)
+
+
+def _step_ranges(calls: list[dict[str, Any]]) -> list[str]:
+    return [c["args"][0] for c in calls if c["api"] == "mstx.range_start" and c["args"][0].startswith("step ")]
+
+
+@pytest.fixture(scope="module")
+def workdir(fakes: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import ft_plugins.mindspore  # noqa: F401  (what the start-up hook does in every process)
+
+    directory = tmp_path_factory.mktemp("mindformers")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(directory)
+        yield directory
+
+
+@pytest.fixture(scope="module")
+def first_run(workdir: Path, fakes: Any, tiny: Any) -> dict[str, Any]:
+    fakes.clear()
+    callbacks = _callbacks(workdir)
+    tiny.model().train(2, tiny.dataset(), callbacks=callbacks)
+    return {"calls": fakes.calls(), "callbacks": callbacks}
+
+
+def test_yaml_entry_builds_ft_plugins_callback(first_run: dict[str, Any]) -> None:
+    from ft_plugins.mindspore import FaultTolerance
+
+    built = [type(cb).__name__ for cb in first_run["callbacks"]]
+    assert built == ["MFLossMonitor", "FaultTolerance", "CheckpointMonitor"]
+    assert isinstance(first_run["callbacks"][1], FaultTolerance)
+
+
+def test_taskd_and_ranges_in_mindformers_run(first_run: dict[str, Any], workdir: Path) -> None:
+    calls = first_run["calls"]
+    assert [(c["api"], c["args"]) for c in calls if "taskd" in c["api"]] == [
+        ("init_taskd_worker", [0, 2000, "ms"]), ("start_taskd_worker", [])]
+    assert _step_ranges(calls) == [f"step {n}" for n in range(1, 9)]
+    assert sorted(os.listdir(workdir / "output" / "checkpoint" / "rank_0")) == [
+        "meta.json", "tiny_rank_0-1_4.ckpt", "tiny_rank_0-2_4.ckpt"]
+
+
+def test_no_second_step_range_when_mindformers_emits_them(workdir: Path, fakes: Any, tiny: Any,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """With libmspti in LD_PRELOAD, MFLossMonitor emits 'step {n}' itself: exactly one range per step."""
+    monkeypatch.setenv("LD_PRELOAD", "/usr/local/Ascend/cann/lib64/libmspti.so")
+    run = workdir / "mspti"
+    run.mkdir()
+    monkeypatch.chdir(run)
+    fakes.clear()
+    callbacks = _callbacks(run)
+    tiny.model().train(2, tiny.dataset(), callbacks=callbacks)
+    assert _step_ranges(fakes.calls()) == [f"step {n}" for n in range(1, 9)]
+    assert callbacks[1].runtime.feature("mstx").counts["step"] == 0
+
+
+def test_resume_from_yaml_entry_skips_truncated(first_run: dict[str, Any], workdir: Path, fakes: Any,
+                                                tiny: Any) -> None:
+    rank_dir = workdir / "output" / "checkpoint" / "rank_0"
+    newest = rank_dir / "tiny_rank_0-2_4.ckpt"
+    newest.write_bytes(newest.read_bytes()[:-40])
+    fakes.clear()
+    callbacks = _callbacks(workdir)
+    tiny.model().train(2, tiny.dataset(), callbacks=callbacks, initial_epoch=1)
+    selection = callbacks[1].resume.selection
+    assert selection.path == str(rank_dir / "tiny_rank_0-1_4.ckpt") and (selection.epoch, selection.step) == (1, 4)
+    assert [Path(s.path).name for s in selection.skipped] == [newest.name]
+    assert _step_ranges(fakes.calls()) == [f"step {n}" for n in range(5, 9)]
+
+
+def test_startup_hook_registers_without_an_import(tmp_path: Path) -> None:
+    """The .pth installed with the package: a plain MindFormers process finds FaultTolerance."""
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    shutil.copy(REPO / "ft_plugins" / "mindspore" / "ft-plugins-mindformers.pth", site_dir)
+    script = textwrap.dedent(f"""
+        import site, sys
+        site.addsitedir({str(site_dir)!r})  # what the interpreter does for site-packages at start-up
+        assert "mindspore" not in sys.modules, "the hook must not import MindSpore by itself"
+        from mindformers.core.callback import build_callback
+        print(type(build_callback({{"type": "FaultTolerance", "features": "none"}})).__module__)
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FT_PLUGINS")}
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "ft_plugins.mindspore.callbacks"
+
+
+def test_startup_hook_explains_a_switch_that_aborts_mindspore(tmp_path: Path) -> None:
+    """MindSpore 2.7.2 aborts inside its own import on MS_ENABLE_TFT='TTP=1'; the hook says why first."""
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    shutil.copy(REPO / "ft_plugins" / "mindspore" / "ft-plugins-mindformers.pth", site_dir)
+    script = f"import site; site.addsitedir({str(site_dir)!r}); import mindspore"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FT_PLUGINS")}
+    env["MS_ENABLE_TFT"] = "TTP=1"
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode != 0
+    assert "MS_ENABLE_TFT='TTP=1' makes MindSpore abort while importing" in result.stderr
+    assert "'{TTP:1}'" in result.stderr

@@ -1,0 +1,108 @@
+"""``FaultTolerance`` in a plain, real ``Model.train`` (MindSpore 2.7.2, CPU): TaskD, step ranges, resume.
+
+Real: MindSpore's Model.train, ModelCheckpoint, checkpoints on disk, load_checkpoint. Faked: TaskD
+and mstx (conftest), which record their calls.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+EPOCHS = 2
+
+
+@pytest.fixture(scope="module")
+def first_run(fakes: Any, tiny: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One real two-epoch run with every feature that can run here (TTP needs MS_ENABLE_TFT: test_ttp)."""
+    from ft_plugins.mindspore import FaultTolerance
+
+    fakes.clear()
+    directory = tmp_path_factory.mktemp("ckpt")
+    callback = FaultTolerance(features="taskd,mstx,resume", mstx={"backend": "mindspore"})
+    tiny.model().train(EPOCHS, tiny.dataset(), callbacks=[callback, tiny.checkpointing(directory)])
+    return {"calls": fakes.calls(), "directory": directory, "callback": callback}
+
+
+def test_taskd_worker_started_once_with_global_rank_and_ms(first_run: dict[str, Any], fakes: Any,
+                                                           tiny: Any) -> None:
+    taskd = [(c["api"], c["args"]) for c in first_run["calls"] if "taskd" in c["api"]]
+    assert taskd == [("init_taskd_worker", [0, 5000, "ms"]), ("start_taskd_worker", [])]
+    assert first_run["callback"].runtime.report()["taskd"]["activity"] == "worker started on rank 0"
+    from ft_plugins.mindspore import FaultTolerance, TaskdWorkerCallback
+
+    fakes.clear()  # a second training in the same process, with new callbacks: no second worker
+    tiny.model().train(1, tiny.dataset(), callbacks=[FaultTolerance(features="taskd"), TaskdWorkerCallback()])
+    assert not fakes.calls("init_taskd_worker")
+
+
+def _step_events(calls: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+    """Step-range opens and closes in order: ("open", "step n") / ("close", id)."""
+    step_ids = {c["kwargs"]["id"]: c["args"][0] for c in calls
+                if c["api"] == "mstx.range_start" and c["args"][0].startswith("step ")}
+    events = []
+    for c in calls:
+        if c["api"] == "mstx.range_start" and c["kwargs"]["id"] in step_ids:
+            events.append(("open", c["args"][0], c["args"][1]))
+        elif c["api"] == "mstx.range_end" and c["args"][0] in step_ids:
+            events.append(("close", step_ids[c["args"][0]], None))
+    return events
+
+
+def test_one_balanced_step_range_per_step_on_the_device_stream(first_run: dict[str, Any], tiny: Any) -> None:
+    steps = EPOCHS * tiny.STEPS_PER_EPOCH
+    expected = []
+    for n in range(1, steps + 1):
+        expected += [("open", f"step {n}", "current"), ("close", f"step {n}", None)]
+    assert _step_events(first_run["calls"]) == expected
+
+
+def test_dataloader_and_save_ranges_left_to_mindspore(first_run: dict[str, Any], tiny: Any) -> None:
+    """MindSpore 2.7 emits 'dataloader' (dataset iterator) and 'save_checkpoint' itself: once each, none from us."""
+    opened = [c["args"][0] for c in first_run["calls"] if c["api"] == "mstx.range_start"]
+    assert opened.count("save_checkpoint") == EPOCHS
+    assert opened.count("dataloader") >= EPOCHS * tiny.STEPS_PER_EPOCH
+    assert first_run["callback"].runtime.report()["mstx"]["activity"] == "ranges via mindspore: 8 step"
+
+
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def test_resume_skips_truncated_and_breakpoint_and_continues(first_run: dict[str, Any], tiny: Any, fakes: Any,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    from mindspore import load_checkpoint
+
+    from ft_plugins.mindspore import FaultTolerance
+
+    directory: Path = first_run["directory"]
+    newest = directory / f"tiny-{EPOCHS}_{tiny.STEPS_PER_EPOCH}.ckpt"
+    intact = directory / f"tiny-1_{tiny.STEPS_PER_EPOCH}.ckpt"
+    breakpoint_file = directory / f"tiny-{EPOCHS + 1}_1_breakpoint.ckpt"
+    breakpoint_file.write_bytes(newest.read_bytes())
+    expected = {name: p.asnumpy() for name, p in load_checkpoint(str(newest)).items() if name == "weight"}
+    _truncate(newest)
+
+    fakes.clear()
+    caplog.set_level(logging.INFO, logger="ft_plugins")
+    callback = FaultTolerance(features="mstx,resume", resume_dir=str(directory), mstx={"backend": "mindspore"})
+    assert callback.resume.selection.path == str(intact)
+    skipped = {Path(s.path).name: s.reason for s in callback.resume.selection.skipped}
+    assert "breakpoint" in skipped[breakpoint_file.name] and "truncated" in skipped[newest.name]
+    assert any(f"skipped {newest}" in r.getMessage() for r in caplog.records)
+    initial_epoch = callback.initial_epoch(tiny.STEPS_PER_EPOCH)
+    assert initial_epoch == 1
+
+    resumed = tiny.model()
+    resumed.train(EPOCHS, tiny.dataset(), callbacks=[callback], initial_epoch=initial_epoch)
+    opened = [event[1] for event in _step_events(fakes.calls()) if event[0] == "open"]
+    assert opened == [f"step {n}" for n in range(tiny.STEPS_PER_EPOCH + 1, EPOCHS * tiny.STEPS_PER_EPOCH + 1)]
+    # epoch 2 replayed from the epoch-1 checkpoint (weights and momentum) lands where the first run did
+    trained = {p.name: p.asnumpy() for p in resumed.train_network.get_parameters() if p.name == "weight"}
+    assert trained.keys() == expected.keys()
+    np.testing.assert_allclose(trained["weight"], expected["weight"], rtol=1e-6)
