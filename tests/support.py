@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -24,6 +25,44 @@ def read_records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+@dataclass
+class Run:
+    """A finished training run: exit code, combined output, the vendor calls it made, its save dir."""
+
+    returncode: int
+    output: str
+    records: list[dict]
+    save: Path | None = None
+
+    def by_pid(self) -> dict[int, list[dict]]:
+        out: dict[int, list[dict]] = {}
+        for entry in self.records:
+            out.setdefault(entry["pid"], []).append(entry)
+        return out
+
+    def ranges(self, pid: int) -> list[tuple[str, object]]:
+        """(message, stream) of every range one process opened, in start order; asserts they balance."""
+        open_ids: list[int] = []
+        started: list[tuple[str, object]] = []
+        for entry in self.by_pid()[pid]:
+            if entry["api"] == "mstx.range_start":
+                started.append((entry["args"][0], entry["args"][1]))
+                open_ids.append(entry["kwargs"]["id"])
+            elif entry["api"] == "mstx.range_end":
+                assert open_ids and open_ids[-1] == entry["args"][0], "ranges must close innermost first"
+                open_ids.pop()
+        assert not open_ids, f"unclosed ranges {open_ids}"
+        return started
+
+    def range_names(self, pid: int) -> list[str]:
+        return [name for name, _ in self.ranges(pid)]
+
+    def calls(self) -> list[tuple]:
+        """Every recorded call without process-specific details (pid, range ids), in order."""
+        return [(r["api"], r["args"], {k: v for k, v in r["kwargs"].items() if k != "id"}, r["rank"],
+                 r["dist_initialized"]) for r in self.records]
+
+
 def fake_env(record: Path, *extra_paths: Path, **overrides: str) -> dict[str, str]:
     """A child environment with the vendor fakes importable and recording to ``record``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "FT_FAKE"))}
@@ -38,14 +77,14 @@ def run_megatron(workdir: Path, nproc: int, env: dict[str, str], *args: str,
                  entry: Path = MEGATRON_EXAMPLE, timeout: int = 300) -> subprocess.CompletedProcess:
     """Run the real megatron ``pretrain()`` example: torchrun for 2+ ranks, plain python for 1."""
     if nproc > 1:
-        command = [TORCHRUN, "--nproc-per-node", str(nproc), "--master-port", str(_free_port()), str(entry)]
+        command = [TORCHRUN, "--nproc-per-node", str(nproc), "--master-port", str(free_port()), str(entry)]
     else:
         command = [PYTHON, str(entry)]
     return subprocess.run([*command, *args], cwd=workdir, env=env, capture_output=True, text=True,
                           timeout=timeout)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     import socket
 
     with socket.socket() as sock:

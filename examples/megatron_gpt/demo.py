@@ -26,7 +26,7 @@ FAKES = REPO / "tests" / "fakes"
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -38,7 +38,7 @@ def train(workdir: Path, simulate_ascend: bool) -> dict[int, dict]:
     if simulate_ascend:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FAKES), env.get("PYTHONPATH")]))
         env["FT_FAKE_RECORD"] = str(workdir / "vendor_calls.jsonl")
-    command = [TORCHRUN, "--nproc-per-node", "2", "--master-port", str(_free_port()), str(HERE / "pretrain_gpt.py"),
+    command = [TORCHRUN, "--nproc-per-node", "2", "--master-port", str(free_port()), str(HERE / "pretrain_gpt.py"),
                "--train-iters", "6", "--save", str(workdir / "checkpoints"), "--save-interval", "3",
                "--ft-report-dir", str(workdir / "reports")]
     log = workdir / "train.log"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -18,40 +17,9 @@ import pytest
 import legacy_megatron
 from patch_cases import CASES
 from ft_plugins.patch import apply, detect, make_plan, revert
-from support import PYTHON, TORCHRUN, _free_port, fake_env, read_records, run_megatron
+from support import PYTHON, TORCHRUN, Run, free_port, fake_env, read_records, run_megatron
 
 ITERS = 4
-
-
-@dataclass
-class Run:
-    returncode: int
-    output: str
-    records: list[dict]
-
-    def calls(self) -> list[tuple]:
-        """Every recorded call without process-specific details (pid, range ids), in order."""
-        return [(r["api"], r["args"], {k: v for k, v in r["kwargs"].items() if k != "id"}, r["rank"],
-                 r["dist_initialized"]) for r in self.records]
-
-    def per_process(self) -> dict[int, list[dict]]:
-        out: dict[int, list[dict]] = {}
-        for record in self.records:
-            out.setdefault(record["pid"], []).append(record)
-        return out
-
-
-def _ranges(records: list[dict]) -> list[str]:
-    """Range names of one process in start order, checking each range closes, innermost first."""
-    names, open_ids = [], []
-    for record in records:
-        if record["api"] == "mstx.range_start":
-            names.append(record["args"][0])
-            open_ids.append(record["kwargs"]["id"])
-        elif record["api"] == "mstx.range_end":
-            assert open_ids.pop() == record["args"][0]
-    assert not open_ids
-    return names
 
 
 def _legacy(workdir: Path, command: list[str], *args: str, **env: str) -> Run:
@@ -66,7 +34,7 @@ def legacy(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Run]:
     """The patched legacy repository trained by two ranks under torchrun, saving at 2 and 4."""
     repo = legacy_megatron.write(tmp_path_factory.mktemp("legacy"))
     apply(make_plan(detect(repo)))
-    torchrun = [TORCHRUN, "--nproc-per-node", "2", "--master-port", str(_free_port())]
+    torchrun = [TORCHRUN, "--nproc-per-node", "2", "--master-port", str(free_port())]
     return repo, _legacy(repo, torchrun, "--train-iters", str(ITERS), "--save", "ckpt", "--save-interval", "2")
 
 
@@ -74,7 +42,7 @@ def test_legacy_worker_per_rank_with_global_rank_after_distributed_init(legacy: 
     _, run = legacy
     assert run.returncode == 0, run.output[-3000:]
     ranks = []
-    for records in run.per_process().values():
+    for records in run.by_pid().values():
         taskd = [r for r in records if "taskd" in r["api"]]
         assert [r["api"] for r in taskd] == ["init_taskd_worker", "start_taskd_worker"]
         assert taskd[0]["args"] == [int(taskd[0]["rank"]), 5000, "pt"] and taskd[0]["dist_initialized"]
@@ -84,8 +52,8 @@ def test_legacy_worker_per_rank_with_global_rank_after_distributed_init(legacy: 
 
 def test_legacy_step_and_save_ranges_in_order(legacy: tuple[Path, Run]) -> None:
     _, run = legacy
-    for records in run.per_process().values():
-        assert _ranges(records) == ["step 0", "step 1", "save_checkpoint", "step 2", "step 3", "save_checkpoint"]
+    for pid in run.by_pid():
+        assert run.range_names(pid) == ["step 0", "step 1", "save_checkpoint", "step 2", "step 3", "save_checkpoint"]
 
 
 def test_legacy_resume_skips_a_truncated_newest_checkpoint(legacy: tuple[Path, Run],
@@ -96,13 +64,13 @@ def test_legacy_resume_skips_a_truncated_newest_checkpoint(legacy: tuple[Path, R
     newest = workdir / "ckpt" / "iter_0000004" / "mp_rank_00" / "model_optim_rng.pt"
     newest.write_bytes(newest.read_bytes()[:100])
     args = ("--load", "ckpt", "--train-iters", "5")
-    resumed = _legacy(workdir, [PYTHON], *args, MASTER_PORT=str(_free_port()))
+    resumed = _legacy(workdir, [PYTHON], *args, MASTER_PORT=str(free_port()))
     assert resumed.returncode == 0, resumed.output[-3000:]
     assert "successfully loaded checkpoint from ckpt at iteration 2" in resumed.output
     assert "iter_0000004" in resumed.output and " iteration        5/       5" in resumed.output
 
     revert(workdir)  # the original file, as Megatron ships it, trusts the tracker and fails
-    original = _legacy(workdir, [PYTHON], *args, MASTER_PORT=str(_free_port()))
+    original = _legacy(workdir, [PYTHON], *args, MASTER_PORT=str(free_port()))
     assert original.returncode != 0 and "successfully loaded" not in original.output
 
 
@@ -136,6 +104,6 @@ def test_patched_pretrain_makes_the_same_calls_as_the_import(imported: Run, patc
         assert run.returncode == 0, run.output[-3000:]
         assert f"iteration        {ITERS}/       {ITERS}" in run.output
     assert patched.calls() == imported.calls()
-    (records,) = patched.per_process().values()
-    assert _ranges(records) == ["step 0", "step 1", "save_checkpoint", "step 2", "step 3", "save_checkpoint"]
-    assert [r["api"] for r in records if "taskd" in r["api"]] == ["init_taskd_worker", "start_taskd_worker"]
+    (pid,) = patched.by_pid()
+    assert patched.range_names(pid) == ["step 0", "step 1", "save_checkpoint", "step 2", "step 3", "save_checkpoint"]
+    assert [r["api"] for r in patched.by_pid()[pid] if "taskd" in r["api"]] == ["init_taskd_worker", "start_taskd_worker"]

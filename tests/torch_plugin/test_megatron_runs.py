@@ -5,47 +5,15 @@ Each real run is made once per module and shared by the assertions about it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from support import fake_env, read_records, run_megatron
+from support import Run, fake_env, read_records, run_megatron
 
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE / "fixtures"
 ITERS = 4
-
-
-@dataclass
-class Run:
-    returncode: int
-    output: str
-    records: list[dict]
-    save: Path
-
-    def by_pid(self) -> dict[int, list[dict]]:
-        out: dict[int, list[dict]] = {}
-        for entry in self.records:
-            out.setdefault(entry["pid"], []).append(entry)
-        return out
-
-    def ranges(self, pid: int) -> list[tuple[str, object]]:
-        """(message, stream) of every range of one process, in start order, checking they balance."""
-        open_ids: list[int] = []
-        started: dict[int, tuple[str, object]] = {}
-        order: list[int] = []
-        for entry in self.by_pid()[pid]:
-            if entry["api"] == "mstx.range_start":
-                range_id = entry["kwargs"]["id"]
-                started[range_id] = (entry["args"][0], entry["args"][1])
-                open_ids.append(range_id)
-                order.append(range_id)
-            elif entry["api"] == "mstx.range_end":
-                assert open_ids and open_ids[-1] == entry["args"][0], "ranges must close innermost first"
-                open_ids.pop()
-        assert not open_ids, f"unclosed ranges {open_ids}"
-        return [started[range_id] for range_id in order]
 
 
 def _run(tmp_path_factory: pytest.TempPathFactory, name: str, nproc: int, *args: str,
@@ -113,7 +81,7 @@ def test_dataloader_ranges_inside_steps_and_save_ranges_around_real_saves(world2
     saved = sorted(p.name for p in world2.save.iterdir() if p.name.startswith("iter_"))
     assert saved == ["iter_0000002", "iter_0000004"]
     for pid in world2.by_pid():
-        names = [name for name, _ in world2.ranges(pid)]
+        names = world2.range_names(pid)
         assert names == ["step 0", "dataloader", "step 1", "dataloader", "save_checkpoint",
                          "step 2", "dataloader", "step 3", "dataloader", "save_checkpoint"]
 
@@ -156,7 +124,7 @@ def test_mindspeed_llm_by_name_copies_are_patched(mindspeed_shaped: Run) -> None
     _trained(mindspeed_shaped)
     assert "mindspeed-shaped train loop running" in mindspeed_shaped.output
     (pid,) = mindspeed_shaped.by_pid()
-    names = [name for name, _ in mindspeed_shaped.ranges(pid)]
+    names = mindspeed_shaped.range_names(pid)
     assert [n for n in names if n.startswith("step")] == [f"step {n}" for n in range(ITERS)]
     assert names.count("save_checkpoint") == 2
     assert [c["api"] for c in mindspeed_shaped.records if "taskd" in c["api"]] == [
