@@ -3,9 +3,11 @@
 Framework-neutral: this package imports no framework and never unpickles. A checkpoint is
 intact when every file its layout requires is present for every rank the run had (compared with
 its neighbouring checkpoint), non-empty, structurally sound (:mod:`.probes`), and matches its
-commit manifest (:mod:`.manifest`) when ft_plugins wrote one. In a run that writes manifests, a
-checkpoint without one is an unfinished save. Candidates are examined newest first and the
-search stops at the first intact one, so the cost grows with the candidates examined.
+commit manifests (:mod:`.manifest`; one per checkpoint directory, one per rank for MindSpore's
+per-rank files) when ft_plugins wrote them. A checkpoint missing one while an older one is
+committed is an unfinished save (the run commits, and this save did not finish on every rank).
+Candidates are examined newest first and the search stops at the first intact one, so the cost
+grows with the candidates examined.
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ft_plugins.checkpoint.layouts import FORMATS, Candidate, Layout, detect, manifest_name
+from ft_plugins.checkpoint.layouts import FORMATS, Candidate, Layout, detect, manifest_name, rank_file_manifest
 from ft_plugins.checkpoint.manifest import ManifestError, manifest_problems, write_manifest
 from ft_plugins.checkpoint.probes import probe
 
-__all__ = ["CheckpointError", "FORMATS", "ManifestError", "Selection", "Skipped", "Verdict", "find_latest",
+__all__ = ["CheckpointError", "FORMATS", "ManifestError", "Selection", "Skipped", "Verdict", "commit", "find_latest",
            "manifest_name", "verify", "write_manifest"]
 
 
@@ -98,10 +100,11 @@ class _Examiner:
         return next((i for i in order if not self.candidates[i].rejected), None)
 
     def _older_committed(self, index: int) -> bool:
-        """Whether an older checkpoint of this run has a manifest (the run uses the commit protocol)."""
+        """Whether an older checkpoint of this run is committed (the run uses the commit protocol)."""
         for i in range(index + 1, len(self.candidates)):
             if i not in self._has_manifest:
-                self._has_manifest[i] = os.path.exists(self.candidates[i].manifest)
+                manifests = self.candidates[i].manifests
+                self._has_manifest[i] = bool(manifests) and all(os.path.exists(path) for path, _ in manifests)
             if self._has_manifest[i]:
                 return True
         return False
@@ -115,10 +118,16 @@ class _Examiner:
             return ["cannot be listed (removed or unreadable)"]
         files, problems = listed
         problems = list(problems)
-        committed = manifest_problems(candidate.manifest, candidate.manifest_base, self.deep)
-        if committed is not None:
-            problems += committed
-        else:
+        uncommitted = []
+        per_rank = len(candidate.manifests) > 1  # then say whose manifest: its directory's name
+        for manifest, base in candidate.manifests:
+            whose = f"{os.path.basename(base)}/" if per_rank else ""
+            found = manifest_problems(manifest, base, self.deep)
+            if found is None:
+                uncommitted.append(f"{whose}{os.path.basename(manifest)}")
+            else:
+                problems += [f"{whose}{problem}" for problem in found]
+        if uncommitted or not candidate.manifests:
             neighbour = self._neighbour(index)
             reference = self.contents(neighbour) if neighbour is not None else None
             if reference is not None:
@@ -129,10 +138,45 @@ class _Examiner:
             reason = probe(path, self.deep)
             if reason:
                 problems.append(f"{role}: {reason}")
-        if not problems and committed is None and self._older_committed(index):
-            problems.append("uncommitted: no manifest while older checkpoints of this run have one "
+        if not problems and uncommitted and self._older_committed(index):
+            what = ("no manifest" if len(uncommitted) == len(candidate.manifests)
+                    else f"no {', '.join(uncommitted)} (the other ranks committed)")
+            problems.append(f"uncommitted: {what}, while older checkpoints of this run are committed "
                             "(the save did not finish on every rank)")
         return problems
+
+
+def commit(path: str | os.PathLike[str], full: bool = False) -> str:
+    """Commit one finished save, atomically; returns the manifest's path.
+
+    ``path`` is a checkpoint directory (``iter_*``, ``checkpoint-N``: one manifest inside covering every
+    file, written by one rank after all ranks finished) or one rank's MindSpore ``<prefix>-<epoch>_<step>.ckpt``
+    (a manifest beside it covering that file, written by that rank once its save returned). Raises
+    ManifestError for anything else or an unreadable file.
+    """
+    target = os.fspath(path)
+    if os.path.isdir(target):
+        return write_manifest(target, full=full)
+    manifest = rank_file_manifest(target)
+    if manifest is None:
+        raise ManifestError(f"cannot commit {target}: neither a checkpoint directory nor a per-rank "
+                            "<prefix>-<epoch>_<step>.ckpt file")
+    directory = os.path.dirname(target)
+    written = write_manifest(directory, [os.path.basename(target)], name=os.path.basename(manifest), full=full)
+    _drop_orphan_manifests(directory)
+    return written
+
+
+def _drop_orphan_manifests(directory: str) -> None:
+    """Per-rank manifests whose file is gone (ModelCheckpoint's ``keep_checkpoint_max`` removed it) go too."""
+    names = os.listdir(directory)
+    kept = {os.path.basename(path) for path in map(rank_file_manifest, names) if path is not None}
+    for name in names:
+        if name.startswith("ft_manifest-") and name.endswith(".json") and name not in kept:
+            try:
+                os.unlink(os.path.join(directory, name))
+            except FileNotFoundError:
+                pass
 
 
 def find_latest(directory: str | os.PathLike[str], format: str = "auto", rank: int | None = None,

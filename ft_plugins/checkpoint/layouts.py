@@ -34,8 +34,7 @@ class Candidate:
     epoch: int | None = None
     step: int | None = None
     rejected: str | None = None
-    manifest: str = ""
-    manifest_base: str = ""
+    manifests: list[tuple[str, str]] = field(default_factory=list)  # (manifest, directory its paths are relative to)
     rank_files: dict[int, str] = field(default_factory=dict)
 
 
@@ -71,6 +70,11 @@ def _read_tracker(root: str, scan: Scan) -> str | None:
     scan.notes.append((path, f"tracker content {text[:20]!r} is neither an iteration number nor 'release'; "
                              "ignored, checkpoints chosen by their directories"))
     return None
+
+
+def _manifest_inside(directory: str) -> list[tuple[str, str]]:
+    """The single manifest of a directory-style checkpoint (written after every rank finished)."""
+    return [(os.path.join(directory, MANIFEST), directory)]
 
 
 class Layout:
@@ -111,7 +115,7 @@ class Megatron(Layout):
             if match:
                 iteration, temporary = int(match.group(1)), bool(match.group(2))
                 candidate = Candidate(entry.path, (iteration, 0 if temporary else 1), iteration,
-                                      manifest=os.path.join(entry.path, MANIFEST), manifest_base=entry.path)
+                                      manifests=_manifest_inside(entry.path))
                 if temporary:
                     candidate.rejected = "dying-gasp save still in progress (never renamed from _tmp)"
                 else:
@@ -120,8 +124,7 @@ class Megatron(Layout):
             elif entry.name == "release":
                 top = tracker == "release"
                 scan.candidates.append(Candidate(entry.path, (_RELEASE_FIRST if top else -1, 1), None,
-                                                 manifest=os.path.join(entry.path, MANIFEST),
-                                                 manifest_base=entry.path))
+                                                 manifests=_manifest_inside(entry.path)))
         if tracker and tracker.isdigit() and int(tracker) not in iterations:
             missing = os.path.join(root, f"iter_{int(tracker):07d}")
             scan.notes.append((missing, f"named by {TRACKER} but missing"))
@@ -149,7 +152,11 @@ class Megatron(Layout):
 
 class MindSporeFiles(Layout):
     """``[rank_*/]<prefix>-<epoch>_<step>.ckpt`` from ModelCheckpoint; MindFormers' CheckpointMonitor adds
-    ``rank_*/meta.json`` and ``health_ckpts.json``. One candidate is one (epoch, step) for every rank."""
+    ``rank_*/meta.json`` and ``health_ckpts.json``. One candidate is one (epoch, step) for every rank.
+
+    Every rank saves its own file, so every rank commits its own: ``rank_*/ft_manifest-<epoch>_<step>.json``
+    beside the file (:func:`manifest_name`). The (epoch, step) is committed when every rank's manifest exists.
+    """
 
     name = "mindspore"
     CKPT = re.compile(r"^(?P<prefix>.+)-(?P<epoch>\d+)_(?P<step>\d+)(?P<breakpoint>_breakpoint)?\.ckpt$")
@@ -193,8 +200,9 @@ class MindSporeFiles(Layout):
             chosen = {r: max(found, key=lambda e: e.stat().st_mtime_ns).path if len(found) > 1 else found[0].path
                       for r, found in per_rank.items()}
             path = chosen.get(wanted) or os.path.join(ranks[wanted], f"*-{key[0]}_{key[1]}.ckpt")
+            name = manifest_name(key[0], key[1])
             candidate = Candidate(path, key, None, key[0], key[1], rank_files=chosen,
-                                  manifest=os.path.join(root, manifest_name(key[0], key[1])), manifest_base=root)
+                                  manifests=[(os.path.join(ranks[r], name), ranks[r]) for r in self._expected])
             if not key[2]:
                 candidate.rejected = "breakpoint checkpoint written on failure (*_breakpoint.ckpt), not a regular save"
             else:
@@ -229,8 +237,17 @@ class MindSporeFiles(Layout):
 
 
 def manifest_name(epoch: int, step: int) -> str:
-    """The commit manifest of a per-rank MindSpore save, written beside the ``rank_*`` directories."""
+    """The commit manifest of one rank's MindSpore save, written beside its ``.ckpt`` file."""
     return f"ft_manifest-{epoch}_{step}.json"
+
+
+def rank_file_manifest(path: str) -> str | None:
+    """Where the manifest of a per-rank ``<prefix>-<epoch>_<step>.ckpt`` goes; None for other names
+    (a ``_breakpoint`` file, a callable prefix's fixed name) that resume never takes as a regular save."""
+    match = MindSporeFiles.CKPT.match(os.path.basename(path))
+    if match is None or match.group("breakpoint"):
+        return None
+    return os.path.join(os.path.dirname(path), manifest_name(int(match.group("epoch")), int(match.group("step"))))
 
 
 class MindFormersIterations(Layout):
@@ -249,8 +266,7 @@ class MindFormersIterations(Layout):
             if match:
                 iteration = int(match.group(1))
                 scan.candidates.append(Candidate(entry.path, (iteration,), iteration,
-                                                 manifest=os.path.join(entry.path, MANIFEST),
-                                                 manifest_base=entry.path))
+                                                 manifests=_manifest_inside(entry.path)))
         if tracker and tracker.isdigit() and not any(c.iteration == int(tracker) for c in scan.candidates):
             scan.notes.append((os.path.join(root, f"iteration_{int(tracker):08d}"), f"named by {TRACKER} but missing"))
         scan.candidates.sort(key=lambda c: c.key, reverse=True)
@@ -303,7 +319,7 @@ class HuggingFace(Layout):
             if match:
                 step, temporary = int(match.group(2)), bool(match.group(1))
                 candidate = Candidate(entry.path, (step, 0 if temporary else 1), step,
-                                      manifest=os.path.join(entry.path, MANIFEST), manifest_base=entry.path)
+                                      manifests=_manifest_inside(entry.path))
                 if temporary:
                     candidate.rejected = "save still in progress (tmp-checkpoint-N never renamed)"
                 scan.candidates.append(candidate)
@@ -335,8 +351,8 @@ class TorchFiles(Layout):
 
     def scan(self, root: str, entries: list[os.DirEntry], rank: int | None) -> Scan:
         files = [entry for entry in entries if entry.name.endswith(self.SUFFIXES) and entry.is_file()]
-        candidates = [Candidate(entry.path, (entry.stat().st_mtime_ns,), manifest=f"{entry.path}.{MANIFEST}",
-                                manifest_base=root) for entry in files]
+        candidates = [Candidate(entry.path, (entry.stat().st_mtime_ns,),
+                                manifests=[(f"{entry.path}.{MANIFEST}", root)]) for entry in files]
         return Scan(sorted(candidates, key=lambda c: c.key, reverse=True))
 
     def contents(self, candidate: Candidate) -> tuple[dict[str, str], list[str]]:

@@ -2,14 +2,16 @@
 
 Framework-neutral policy over :mod:`ft_plugins.checkpoint`; the framework glue
 (:mod:`ft_plugins.torch.resume`, the MindSpore callback) asks :meth:`Resume.choose` which
-checkpoint to load and calls :meth:`Resume.commit` once a save finished on every rank.
+checkpoint to load and calls :meth:`Resume.commit` once a save finished: on every rank for a
+checkpoint directory, on its own rank for a MindSpore per-rank file.
 """
 
 from __future__ import annotations
 
 import logging
 
-from ft_plugins.checkpoint import CheckpointError, Selection, find_latest, write_manifest
+from ft_plugins.checkpoint import CheckpointError, Selection, find_latest
+from ft_plugins.checkpoint import commit as commit_checkpoint
 from ft_plugins.config import Option, parse_bool
 from ft_plugins.features.base import Feature
 
@@ -58,14 +60,15 @@ class Resume(Feature):
         self.loaded = selection
         return selection
 
-    def commit(self, checkpoint_dir: str) -> str | None:
-        """Write the manifest of a finished save; a failure is logged, never raised into training."""
+    def commit(self, checkpoint: str) -> str | None:
+        """Write the manifest of a finished save (a checkpoint directory once every rank finished, or one
+        rank's MindSpore file once its save returned); a failure is logged, never raised into training."""
         if not self.settings["manifest"]:
             return None
         try:
-            path = write_manifest(checkpoint_dir, full=self.settings["full_checksum"])
+            path = commit_checkpoint(checkpoint, full=self.settings["full_checksum"])
         except (OSError, ValueError) as exc:
-            log.warning("resume: could not commit %s: %s", checkpoint_dir, exc)
+            log.warning("resume: could not commit %s: %s", checkpoint, exc)
             return None
         self.committed += 1
         return path

@@ -8,6 +8,7 @@ there, otherwise the feature is switched off with one warning and training proce
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -18,6 +19,7 @@ from typing import Any, Mapping, Sequence
 import mindspore
 from mindspore.train import Callback, RunContext
 
+from ft_plugins.checkpoint.layouts import rank_file_manifest
 from ft_plugins.config import STRICT_VAR
 from ft_plugins.features.mstx import Mstx
 from ft_plugins.features.resume import Resume
@@ -253,14 +255,87 @@ class TtpCallback(Callback):
         if self.ttp is not None:
             self.ttp.saves.append(target)
         log.warning("ttp: dying-gasp checkpoint written: %s", target)
+        resume = self.runtime.feature("resume")
+        if isinstance(resume, Resume):  # a whole file of this rank, as a regular save: committed like one
+            resume.commit(target)
+
+
+class SaveCommitter:
+    """Commits every save of one ``ModelCheckpoint`` the moment the save returned, whatever the callback order.
+
+    ModelCheckpoint (and MindFormers' CheckpointMonitor) saves inside its own step end and train end,
+    synchronously unless ``async_save`` is set; callbacks run in list order, so a callback placed before
+    it would see a save only one step late and the last one never. The committer therefore wraps those
+    two methods on that one instance (never the class), writes this rank's manifest beside each new
+    file (:meth:`Resume.commit`), and unwraps itself after the train end.
+    """
+
+    EVENTS = ("on_train_step_end", "on_train_end")
+    _ATTRIBUTE = "_ft_plugins_committer"
+
+    def __init__(self, checkpoint: Any, resume: Resume) -> None:
+        self.checkpoint = checkpoint
+        self.resume = resume
+        self.last_seen = checkpoint.latest_ckpt_file_name
+        self.refused: str | None = None  # why this run's saves cannot be committed, said once
+        for event in self.EVENTS:
+            setattr(checkpoint, event, self._then_commit(getattr(checkpoint, event), event == "on_train_end"))
+        setattr(checkpoint, self._ATTRIBUTE, self)
+
+    @classmethod
+    def attach(cls, checkpoint: Any, resume: Resume) -> SaveCommitter:
+        """The committer of ``checkpoint``: the one already attached (by another callback or an interrupted
+        run), else a new one."""
+        existing = vars(checkpoint).get(cls._ATTRIBUTE)
+        return existing if isinstance(existing, cls) else cls(checkpoint, resume)
+
+    def detach(self) -> None:
+        for attribute in (*self.EVENTS, self._ATTRIBUTE):
+            vars(self.checkpoint).pop(attribute, None)
+
+    def _then_commit(self, event: Any, last: bool) -> Any:
+        @functools.wraps(event)
+        def then_commit(run_context: RunContext) -> None:
+            event(run_context)
+            self.commit_new_save()
+            if last:
+                self.detach()
+
+        return then_commit
+
+    def commit_new_save(self) -> None:
+        latest = self.checkpoint.latest_ckpt_file_name
+        if not latest or latest == self.last_seen:
+            return
+        self.last_seen = latest
+        refusal = self._refusal(latest)
+        if refusal is not None:
+            if refusal != self.refused:
+                log.info("resume: %s; resume checks these checkpoints' structure only", refusal)
+                self.refused = refusal
+            return
+        try:
+            self.resume.commit(latest)
+        except Exception as exc:  # never into training
+            log.warning("resume: commit of %s failed: %s: %s", latest, type(exc).__name__, exc)
+
+    def _refusal(self, path: str) -> str | None:
+        async_save = self.checkpoint._config.async_save  # noqa: SLF001  (no public accessor)
+        if async_save:
+            return (f"{type(self.checkpoint).__name__} saves asynchronously (async_save={async_save!r}): a file may "
+                    "still be written after its save returned, so saves are not committed")
+        if rank_file_manifest(path) is None or not os.path.isfile(path):
+            return f"{os.path.basename(path)} is not a per-rank <prefix>-<epoch>_<step>.ckpt file: not committed"
+        return None
 
 
 class ResumeCallback(Callback):
-    """Loads the newest intact checkpoint of ``directory`` for this rank at train begin.
+    """Loads the newest intact checkpoint of ``directory`` for this rank at train begin, and commits
+    every save of the run's ``ModelCheckpoint`` (:class:`SaveCommitter`).
 
     The choice is made at construction, so ``initial_epoch(steps_per_epoch)`` can be passed to
-    ``Model.train``; broken, truncated and ``_breakpoint`` checkpoints are skipped with the reason.
-    Without ``directory`` the run's ``ModelCheckpoint`` directory is searched at train begin.
+    ``Model.train``; broken, truncated, uncommitted and ``_breakpoint`` checkpoints are skipped with
+    the reason. Without ``directory`` the run's ``ModelCheckpoint`` directory is searched at train begin.
     """
 
     def __init__(self, directory: str = "", format: str = "auto", runtime: Runtime | None = None,
@@ -298,10 +373,11 @@ class ResumeCallback(Callback):
         if self.resume is None:
             return
         cb_params = run_context.original_args()
-        if self.selection is None:
-            checkpoint = _checkpoint_callback(cb_params)
-            if checkpoint is not None:
+        checkpoint = _checkpoint_callback(cb_params)
+        if checkpoint is not None:
+            if self.selection is None:
                 self._choose(_save_root(checkpoint._directory))  # noqa: SLF001
+            SaveCommitter.attach(checkpoint, self.resume)
         if self.selection is None or self.selection.path is None:
             return
         from mindspore import load_checkpoint, load_param_into_net

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ft_plugins.checkpoint import find_latest, write_manifest
-from ft_plugins.checkpoint.layouts import manifest_name
+from ft_plugins.checkpoint import commit, find_latest
 from support import PYTHON, REPO
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -62,6 +61,12 @@ def test_mindspore_pristine_picks_the_newest_step_for_the_asked_rank(ms_save: Pa
     assert find_latest(ms_save / "rank_0", deep=True).path == str(ms_save / "rank_0" / "net-2_4.ckpt")
 
 
+def _commit(save: Path, epoch: int, step: int, ranks: tuple[int, ...] = (0, 1)) -> None:
+    """What each rank's ResumeCallback does once its save returned."""
+    for rank in ranks:
+        commit(save / f"rank_{rank}" / f"net-{epoch}_{step}.ckpt")
+
+
 MS_CORRUPTIONS = {
     "truncated": (lambda s, d: d.truncate(s / "rank_1/net-2_4.ckpt"), (2, 2), "field runs past the end"),
     "zero bytes": (lambda s, d: d.zero(s / "rank_0/net-2_4.ckpt"), (2, 2), "empty (0 bytes)"),
@@ -71,14 +76,14 @@ MS_CORRUPTIONS = {
         lambda s, d: [shutil.copy(s / f"rank_{r}/net-2_4.ckpt", s / f"rank_{r}/net-3_2_breakpoint.ckpt")
                       for r in (0, 1)], (2, 4), "breakpoint checkpoint"),
     "manifest mismatch": (
-        lambda s, d: (write_manifest(s, ["rank_0/net-2_4.ckpt", "rank_1/net-2_4.ckpt"], name=manifest_name(2, 4)),
-                      d.flip(s / "rank_1/net-2_4.ckpt", -3)), (2, 2), "content differs from the manifest"),
-    "uncommitted": (
-        lambda s, d: write_manifest(s, ["rank_0/net-2_2.ckpt", "rank_1/net-2_2.ckpt"], name=manifest_name(2, 2)),
-        (2, 2), "uncommitted"),
+        lambda s, d: (_commit(s, 2, 4), d.flip(s / "rank_1/net-2_4.ckpt", -3)), (2, 2),
+        "rank_1/net-2_4.ckpt: content differs from the manifest"),
+    "uncommitted": (lambda s, d: _commit(s, 2, 2), (2, 2), "uncommitted: no manifest"),
+    "one rank died before committing": (
+        lambda s, d: (_commit(s, 2, 2), _commit(s, 2, 4, ranks=(0,))), (2, 2),
+        "uncommitted: no rank_1/ft_manifest-2_4.json (the other ranks committed)"),
     "files of two runs mixed": (
-        lambda s, d: (write_manifest(s, ["rank_0/net-2_4.ckpt", "rank_1/net-2_4.ckpt"], name=manifest_name(2, 4)),
-                      shutil.copy(s / "rank_1/net-1_2.ckpt", s / "rank_1/net-2_4.ckpt")), (2, 2),
+        lambda s, d: (_commit(s, 2, 4), shutil.copy(s / "rank_1/net-1_2.ckpt", s / "rank_1/net-2_4.ckpt")), (2, 2),
         "the manifest"),
 }
 

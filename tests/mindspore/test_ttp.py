@@ -99,7 +99,7 @@ def test_dying_gasp_saves_where_resume_loads(ascend_dp2: Any, tiny: Any, tmp_pat
     from ft_plugins.mindspore import FaultTolerance
 
     framework_ttp = importlib.import_module("mindio_ttp.framework_ttp")
-    callback = FaultTolerance(features="ttp", strict=True)
+    callback = FaultTolerance(features="ttp,resume", strict=True)
     context = _run_context(tiny, [callback, tiny.checkpointing(tmp_path)])
     callback.on_train_begin(context)
     registered = [api for api in _apis(ascend_dp2) if api.startswith("tft_register_")]
@@ -117,8 +117,8 @@ def test_dying_gasp_saves_where_resume_loads(ascend_dp2: Any, tiny: Any, tmp_pat
     trained = np.array([[0.5, -1.5, 2.5, 4.0]], dtype=np.float32)  # the state the three steps reached
     context.original_args().network.weight.set_data(mindspore.Tensor(trained))
     framework_ttp.fake_controller_dying_gasp(3)  # rank 1 died during step 4
-    saved = tmp_path / "tiny-1_3.ckpt"
-    assert sorted(p.name for p in tmp_path.iterdir()) == [saved.name]
+    saved = tmp_path / "tiny-1_3.ckpt"  # committed like a regular save, so resume never takes it for a half one
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ft_manifest-1_3.json", saved.name]
     assert callback.runtime.report()["ttp"]["activity"] == f"dying-gasp checkpoints written: {saved}"
 
     resume = FaultTolerance(features="resume", resume_dir=str(tmp_path))

@@ -1,0 +1,175 @@
+"""The save-commit protocol on real ``Model.train`` runs (MindSpore 2.7.2, CPU) with ``ModelCheckpoint``.
+
+Every rank commits its own per-rank file with a manifest beside it once its save returned; an
+(epoch, step) counts as committed when every rank's manifest exists and matches. Two data-parallel
+ranks are played by two runs in one process (``RANK_ID`` 0 and 1), each writing its ``rank_N``
+directory, as msrun's workers would. Real: Model.train, ModelCheckpoint, files on disk, load_checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+EPOCHS = 2
+RANKS = (0, 1)
+
+
+def _train(tiny: Any, directory: Path, rank: int, monkeypatch: pytest.MonkeyPatch, steps: int,
+           **settings: Any) -> Any:
+    """One rank's run, FaultTolerance placed BEFORE ModelCheckpoint (it must not matter); returns the
+    ModelCheckpoint."""
+    from mindspore.train import CheckpointConfig, ModelCheckpoint
+
+    from ft_plugins.mindspore import FaultTolerance
+
+    monkeypatch.setenv("RANK_ID", str(rank))
+    config = CheckpointConfig(save_checkpoint_steps=steps, keep_checkpoint_max=10, **settings)
+    checkpoint = ModelCheckpoint(prefix="tiny", directory=str(directory / f"rank_{rank}"), config=config)
+    tiny.model().train(EPOCHS, tiny.dataset(), callbacks=[FaultTolerance(features="resume"), checkpoint])
+    return checkpoint
+
+
+@pytest.fixture(scope="module")
+def save(fakes: Any, tiny: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Both ranks' saves at the end of each epoch; never modified (tests break a ``copy``)."""
+    root = tmp_path_factory.mktemp("committed") / "ckpt"
+    with pytest.MonkeyPatch.context() as patch:
+        for rank in RANKS:  # apart, so that each run starts from scratch, then side by side as on shared storage
+            run_dir = root.parent / f"run_{rank}"
+            checkpoint = _train(tiny, run_dir, rank, patch, steps=tiny.STEPS_PER_EPOCH)
+            assert not {"on_train_step_end", "on_train_end"} & set(vars(checkpoint))  # unwrapped after the run
+            shutil.copytree(run_dir / f"rank_{rank}", root / f"rank_{rank}")
+    return root
+
+
+@pytest.fixture
+def copy(save: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "ckpt"
+    shutil.copytree(save, target)
+    for path in target.rglob("*"):
+        path.chmod(0o644 if path.is_file() else 0o755)  # MindSpore writes checkpoints read-only
+    return target
+
+
+def _manifest(directory: Path, epoch: int, step: int) -> dict[str, Any]:
+    return json.loads((directory / f"ft_manifest-{epoch}_{step}.json").read_text())
+
+
+def test_every_save_is_committed_by_its_rank(save: Path, tiny: Any) -> None:
+    from ft_plugins.checkpoint import find_latest
+
+    for rank in RANKS:
+        directory = save / f"rank_{rank}"
+        assert sorted(p.name for p in directory.glob("ft_manifest*")) == [
+            "ft_manifest-1_4.json", "ft_manifest-2_4.json"]
+        for epoch in (1, 2):
+            name = f"tiny-{epoch}_{tiny.STEPS_PER_EPOCH}.ckpt"
+            files = _manifest(directory, epoch, tiny.STEPS_PER_EPOCH)["files"]
+            assert list(files) == [name] and files[name]["size"] == (directory / name).stat().st_size
+    for rank in RANKS:
+        selection = find_latest(save, rank=rank)
+        assert selection.path == str(save / f"rank_{rank}" / "tiny-2_4.ckpt") and not selection.skipped
+
+
+def test_the_train_end_save_is_committed_too(fakes: Any, tiny: Any, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Saving every 3 of 8 steps: ModelCheckpoint saves steps 3 and 6 at step end, step 8 in its train end,
+    which runs after FaultTolerance's own train end."""
+    _train(tiny, tmp_path, 0, monkeypatch, steps=3)
+    directory = tmp_path / "rank_0"
+    assert sorted(p.name for p in directory.glob("*.ckpt")) == ["tiny-1_3.ckpt", "tiny-2_2.ckpt", "tiny-2_4.ckpt"]
+    assert sorted(p.name for p in directory.glob("ft_manifest*")) == [
+        "ft_manifest-1_3.json", "ft_manifest-2_2.json", "ft_manifest-2_4.json"]
+
+
+def test_asynchronous_saves_are_not_committed_and_the_log_says_why(fakes: Any, tiny: Any, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="ft_plugins")
+    _train(tiny, tmp_path, 0, monkeypatch, steps=tiny.STEPS_PER_EPOCH, async_save=True)
+    directory = tmp_path / "rank_0"
+    assert sorted(p.name for p in directory.glob("*.ckpt")) == ["tiny-1_4.ckpt", "tiny-2_4.ckpt"]
+    assert not list(directory.glob("ft_manifest*"))
+    said = [r.getMessage() for r in caplog.records if "async_save" in r.getMessage()]
+    assert len(said) == 1 and "saves are not committed" in said[0]
+
+
+def test_old_manifests_go_with_the_files_keep_checkpoint_max_removes(fakes: Any, tiny: Any, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from mindspore.train import CheckpointConfig, ModelCheckpoint
+
+    from ft_plugins.mindspore import FaultTolerance
+
+    monkeypatch.setenv("RANK_ID", "0")
+    checkpoint = ModelCheckpoint(prefix="tiny", directory=str(tmp_path),
+                                 config=CheckpointConfig(save_checkpoint_steps=2, keep_checkpoint_max=2))
+    tiny.model().train(EPOCHS, tiny.dataset(), callbacks=[checkpoint, FaultTolerance(features="resume")])
+    assert sorted(p.name for p in tmp_path.glob("*.ckpt")) == ["tiny-2_2.ckpt", "tiny-2_4.ckpt"]
+    assert sorted(p.name for p in tmp_path.glob("ft_manifest*")) == [
+        "ft_manifest-2_2.json", "ft_manifest-2_4.json"]
+
+
+def _choose(directory: Path, rank: int, monkeypatch: pytest.MonkeyPatch, **options: Any) -> Any:
+    from ft_plugins.mindspore import FaultTolerance
+
+    monkeypatch.setenv("RANK_ID", str(rank))
+    return FaultTolerance(resume_dir=str(directory), **options)
+
+
+def test_a_rank_that_died_before_committing_makes_every_rank_resume_from_the_older_save(
+        copy: Path, save: Path, tiny: Any, fakes: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1 wrote tiny-2_4.ckpt whole but died before its manifest: every rank takes epoch 1, and the
+    resumed run continues from there, ending byte-identical to the uninterrupted run."""
+    from mindspore.train import CheckpointConfig, ModelCheckpoint
+
+    (copy / "rank_1" / "ft_manifest-2_4.json").unlink()
+    for rank in RANKS:
+        callback = _choose(copy, rank, monkeypatch, features="mstx,resume", mstx={"backend": "mindspore"})
+        selection = callback.resume.selection
+        assert selection.path == str(copy / f"rank_{rank}" / "tiny-1_4.ckpt")
+        assert (selection.epoch, selection.step) == (1, 4)
+        assert [(Path(s.path).name, s.reason) for s in selection.skipped] == [(
+            "tiny-2_4.ckpt", "uncommitted: no rank_1/ft_manifest-2_4.json (the other ranks committed), while older "
+            "checkpoints of this run are committed (the save did not finish on every rank)")]
+
+    fakes.clear()  # rank 1 resumes (the last callback built), saving into a new directory
+    resumed = copy.parent / "resumed"
+    checkpoint = ModelCheckpoint(prefix="tiny", directory=str(resumed),
+                                 config=CheckpointConfig(save_checkpoint_steps=tiny.STEPS_PER_EPOCH))
+    tiny.model().train(EPOCHS, tiny.dataset(), callbacks=[callback, checkpoint],
+                       initial_epoch=callback.initial_epoch(tiny.STEPS_PER_EPOCH))
+    opened = [c["args"][0] for c in fakes.calls("mstx.range_start") if c["args"][0].startswith("step ")]
+    assert opened == [f"step {n}" for n in range(tiny.STEPS_PER_EPOCH + 1, EPOCHS * tiny.STEPS_PER_EPOCH + 1)]
+    assert (resumed / "tiny-2_4.ckpt").read_bytes() == (save / "rank_1" / "tiny-2_4.ckpt").read_bytes()
+    assert (resumed / "ft_manifest-2_4.json").is_file()  # the resumed run's saves are committed as well
+
+
+def test_a_manifest_mismatch_is_skipped_with_the_rank_and_file(copy: Path, tiny: Any, fakes: Any,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A committed file changed afterwards (same size, one byte): not the save that was committed."""
+    path = copy / "rank_0" / "tiny-2_4.ckpt"
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0xFF
+    path.write_bytes(bytes(data))
+    for rank in RANKS:
+        selection = _choose(copy, rank, monkeypatch, features="resume").resume.selection
+        assert selection.path == str(copy / f"rank_{rank}" / "tiny-1_4.ckpt")
+        [skipped] = selection.skipped
+        assert Path(skipped.path).name == "tiny-2_4.ckpt"
+        assert skipped.reason.startswith("rank_0/tiny-2_4.ckpt: content differs from the manifest")
+
+
+def test_without_an_older_committed_save_a_missing_manifest_is_no_reason_to_skip(
+        copy: Path, fakes: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Saves made before ft_plugins was switched on have no manifests: structure alone decides, as for Megatron."""
+    for path in copy.rglob("ft_manifest-1_4.json"):
+        path.unlink()
+    (copy / "rank_1" / "ft_manifest-2_4.json").unlink()
+    selection = _choose(copy, 0, monkeypatch, features="resume").resume.selection
+    assert selection.path == str(copy / "rank_0" / "tiny-2_4.ckpt") and not selection.skipped
