@@ -123,35 +123,34 @@ def test_mindformers_worker_starts_with_the_real_rank_on_mindspore_just_before_m
         assert following.startswith("model.train(config.runner_config.epochs, dataset"), version
 
 
+def _import_patched(path: Path, module_name: str, expression: str, cwd: Path | None = None) -> str:
+    """Import a patched file as ``module_name`` in a fresh interpreter; its output of ``print(expression)``."""
+    code = (
+        "import importlib.util, inspect, sys\n"
+        f"spec = importlib.util.spec_from_file_location({module_name!r}, sys.argv[1])\n"
+        "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)\n"
+        f"print({expression})\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code, str(path)], cwd=cwd, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
 def test_patched_mindformers_imports_with_the_installed_framework(tmp_path: Path) -> None:
     directory = CASES["mindformers-1.8.0"].build(tmp_path / "copy")
     apply(make_plan(detect(directory)))
     (tmp_path / "cwd").mkdir()  # mindformers logs to ./output; the copy must not shadow the installed package
-    code = (
-        "import importlib.util, inspect, sys\n"
-        "spec = importlib.util.spec_from_file_location('mindformers.trainer.patched_base_trainer', sys.argv[1])\n"
-        "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)\n"
-        "print('start_taskd_worker' in inspect.getsource(module.BaseTrainer.training_process))\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code, str(directory / "trainer" / "base_trainer.py")],
-                            cwd=tmp_path / "cwd", capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip().splitlines()[-1] == "True"
+    out = _import_patched(directory / "trainer" / "base_trainer.py", "mindformers.trainer.patched_base_trainer",
+                          "'start_taskd_worker' in inspect.getsource(module.BaseTrainer.training_process)",
+                          cwd=tmp_path / "cwd")
+    assert out.strip().splitlines()[-1] == "True"
 
 
 def test_patched_torchrun_imports(tmp_path: Path) -> None:
     directory = CASES["torchrun"].build(tmp_path)
     apply(make_plan(detect(directory)))
-    code = (
-        "import importlib.util, inspect, sys\n"
-        "spec = importlib.util.spec_from_file_location('patched_run', sys.argv[1])\n"
-        "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)\n"
-        "print(inspect.getsource(module.main))\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code, str(directory / "distributed" / "run.py")],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    body = result.stdout
+    body = _import_patched(directory / "distributed" / "run.py", "patched_run", "inspect.getsource(module.main)")
     assert body.index('ft_plugins.hooks.prepare_launcher("torchrun")') < body.index("    run(args)")
 
 
