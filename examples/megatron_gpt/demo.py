@@ -1,9 +1,12 @@
 """The ft_plugins demo: a real 2-rank Megatron GPT pretrain() on CPU, with ft_plugins on by one import.
 
-Run 1 is what this machine really has: no Ascend runtime, so every feature says it is off and why,
-and training is untouched. Run 2 puts the recording stand-ins of TaskD and torch_npu from
+Run 1 is what this machine really has: no Ascend runtime, so TaskD and mstx say they are off and
+why, and training is untouched. Run 2 puts the recording stand-ins of TaskD and torch_npu from
 ``tests/fakes`` on the path (clearly simulated: they record calls instead of profiling) to show
 what ft_plugins does on an Ascend node: which TaskD calls each rank made, and which ranges.
+Run 3 damages the newest checkpoint of run 2 as a crash during a save can, then restarts with
+``--load``: Megatron alone fails on it; with ft_plugins the job skips it, says why, and resumes
+from the newest intact one.
 
     python examples/megatron_gpt/demo.py [--workdir DIR]
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -32,23 +36,39 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def train(workdir: Path, simulate_ascend: bool) -> dict[int, dict]:
-    """One 2-rank run; returns each rank's ft_plugins report."""
+def train(workdir: Path, simulate_ascend: bool, *extra: str, iters: int = 6,
+          must_succeed: bool = True) -> tuple[int, dict[int, dict], list[str]]:
+    """One 2-rank run into ``workdir``: exit code, each rank's ft_plugins report, the log lines."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "FT_FAKE"))}
     if simulate_ascend:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FAKES), env.get("PYTHONPATH")]))
         env["FT_FAKE_RECORD"] = str(workdir / "vendor_calls.jsonl")
     command = [TORCHRUN, "--nproc-per-node", "2", "--master-port", str(free_port()), str(HERE / "pretrain_gpt.py"),
-               "--train-iters", "6", "--save", str(workdir / "checkpoints"), "--save-interval", "3",
-               "--ft-report-dir", str(workdir / "reports")]
+               "--train-iters", str(iters), "--save", str(workdir / "checkpoints"), "--save-interval", "3",
+               "--ft-report-dir", str(workdir / "reports"), *extra]
     log = workdir / "train.log"
     with log.open("w") as handle:
         result = subprocess.run(command, env=env, stdout=handle, stderr=subprocess.STDOUT, cwd=workdir)
-    if result.returncode != 0:
+    if result.returncode != 0 and must_succeed:
         sys.exit(f"training failed (exit {result.returncode}); see {log}")
     lines = log.read_text().splitlines()
-    print("\n".join(f"    {line}" for line in lines if line.startswith("[ft_plugins")))
-    return {int(p.stem.split("_")[1]): json.loads(p.read_text()) for p in sorted((workdir / "reports").glob("*.json"))}
+    reports = {int(p.stem.split("_")[1]): json.loads(p.read_text())
+               for p in sorted((workdir / "reports").glob("*.json"))}
+    return result.returncode, reports, lines
+
+
+def show_log(lines: list[str], *markers: str) -> None:
+    print("\n".join(f"    {line.strip()}" for line in lines
+                    if line.startswith("[ft_plugins") or any(marker in line for marker in markers)))
+
+
+def crash_after_save(checkpoints: Path) -> Path:
+    """What a node failure during the last save can leave: the tracker names iteration 6, but
+    rank 0's model file of that iteration lost its second half."""
+    damaged = checkpoints / "iter_0000006" / "mp_rank_00" / "model_optim_rng.pt"
+    data = damaged.read_bytes()
+    damaged.write_bytes(data[: len(data) // 2])
+    return damaged
 
 
 def show(reports: dict[int, dict]) -> None:
@@ -70,20 +90,50 @@ def show_vendor_calls(record: Path) -> None:
         print(f"          mstx ranges: {dict(ranges)}  ({', '.join(steps)} on the current stream)")
 
 
+def _resume_from(workdir: Path) -> tuple[str, ...]:
+    return "--load", str(workdir / "checkpoints"), "--override-opt_param-scheduler"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, default=None)
     workdir = parser.parse_args().workdir or Path(tempfile.mkdtemp(prefix="ft_plugins_demo_"))
     real, simulated = workdir / "this_machine", workdir / "simulated_ascend"
-    real.mkdir(parents=True, exist_ok=True)
-    simulated.mkdir(parents=True, exist_ok=True)
+    alone, resumed = workdir / "crash_megatron_alone", workdir / "crash_with_ft_plugins"
+    for directory in (real, simulated, alone, resumed):
+        directory.mkdir(parents=True, exist_ok=True)
 
     print("== Run 1: this machine (no Ascend runtime), `import ft_plugins.torch` in the entry script")
-    show(train(real, simulate_ascend=False))
+    _, reports, lines = train(real, simulate_ascend=False)
+    show_log(lines)
+    show(reports)
+
     print("\n== Run 2: simulated Ascend node (recording stand-ins of TaskD and torch_npu from tests/fakes)")
-    show(train(simulated, simulate_ascend=True))
+    _, reports, lines = train(simulated, simulate_ascend=True)
+    show_log(lines)
+    show(reports)
     print("\n  vendor calls recorded:")
     show_vendor_calls(simulated / "vendor_calls.jsonl")
+
+    damaged = crash_after_save(simulated / "checkpoints")
+    print(f"\n== Run 3: restart after a crash that left {damaged.relative_to(simulated)} cut in half")
+    print(f"  (tracker still says {(simulated / 'checkpoints' / 'latest_checkpointed_iteration.txt').read_text().strip()})")
+    print(f"\n  $ ft-plugins ckpt latest {simulated / 'checkpoints'} --json")
+    ckpt = subprocess.run([sys.executable, "-m", "ft_plugins.cli", "ckpt", "latest", str(simulated / "checkpoints"),
+                           "--json"], capture_output=True, text=True)
+    print("\n".join(f"  {line}" for line in ckpt.stdout.splitlines()))
+    for copy in (alone, resumed):
+        shutil.copytree(simulated / "checkpoints", copy / "checkpoints", dirs_exist_ok=True)
+    print("\n  Megatron alone (--no-ft-plugins-import), --load checkpoints:")
+    code, _, lines = train(alone, False, *_resume_from(alone), "--no-ft-plugins-import", iters=9,
+                           must_succeed=False)
+    trained = sum(1 for line in lines if " iteration " in line and "/       9 |" in line)
+    failure = next((line.strip() for line in lines if "could not load the checkpoint" in line), "no load error")
+    print(f"    exit code {code}, {trained} iterations trained; megatron said: {failure!r}")
+    print("\n  with ft_plugins, the same command:")
+    code, reports, lines = train(resumed, False, *_resume_from(resumed), iters=9)
+    show_log(lines, "iteration        9/", "loaded checkpoint from")
+    show({rank: {"resume": report["resume"]} for rank, report in reports.items()})
     print(f"\nlogs, checkpoints and reports: {workdir}")
 
 

@@ -36,6 +36,7 @@ class Resume(Feature):
 
     def start(self) -> str:
         self.loaded: Selection | None = None
+        self.followed_iteration: int | None = None  # ranks that load what another rank chose
         self.committed = 0
         return "no vendor runtime needed"
 
@@ -74,6 +75,10 @@ class Resume(Feature):
         return path
 
     def activity(self) -> str:
-        loaded = self.loaded.path if self.loaded is not None and self.loaded.path else "nothing loaded"
-        skipped = len(self.loaded.skipped) if self.loaded is not None else 0
-        return f"resumed from {loaded} ({skipped} skipped); {self.committed} saves committed"
+        if self.loaded is not None and self.loaded.path:
+            loaded = f"resumed from {self.loaded.path} ({len(self.loaded.skipped)} newer skipped)"
+        elif self.followed_iteration is not None:
+            loaded = f"resumed iteration {self.followed_iteration}, as rank 0 chose"
+        else:
+            loaded = "nothing to resume from"
+        return f"{loaded}; {self.committed} saves committed by this rank"

@@ -73,6 +73,8 @@ class MegatronResume:
             yield
             return
         iteration, release = decision["iteration"], decision["release"]
+        if _rank() != 0:
+            self.feature.followed_iteration = iteration
         original_reader = checkpointing.read_metadata
         had_step = hasattr(megatron_args, "ckpt_step")  # Megatron-LM before core_r0.8 has no ckpt_step
         checkpointing.read_metadata = lambda tracker_filename: (-1 if iteration is None else iteration, release)

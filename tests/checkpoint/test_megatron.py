@@ -6,6 +6,7 @@ Pristine saves are made once per module; every test breaks its own copy. The res
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -266,10 +267,14 @@ def test_rank_killed_mid_save_resumes_all_ranks_from_the_previous_intact_checkpo
     assert (_iter(killed, 4) / "mp_rank_01" / "model_optim_rng.pt").is_file()  # died while writing it
     iteration, skipped = _choose(killed)
     assert iteration == 2 and "mp_rank_01/model_optim_rng.pt: not a readable torch zip" in skipped[0]
-    result = _resume(killed.parent, killed, 2, *tp2, **env)
+    reports = killed.parent / "reports"
+    result = _resume(killed.parent, killed, 2, *tp2, "--ft-report-dir", str(reports), **env)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     assert output.count("resume: skipped") == 1  # decided once, on rank 0
+    activity = [json.loads((reports / f"rank_{rank}.json").read_text())["resume"]["activity"] for rank in (0, 1)]
+    assert activity[0].startswith(f"resumed from {_iter(killed, 2)} (1 newer skipped)")
+    assert activity[1].startswith("resumed iteration 2, as rank 0 chose")
     assert re.search(r"successfully loaded checkpoint from .* at iteration 2\b", output), output[-3000:]
     for rank_dir in ("mp_rank_00", "mp_rank_01"):
         _assert_bit_identical(_iter(reference, 4) / rank_dir / "model_optim_rng.pt",
