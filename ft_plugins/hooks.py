@@ -15,7 +15,7 @@ from ft_plugins.config import ConfigError
 from ft_plugins.features.mstx import DATALOADER, Mstx
 from ft_plugins.features.resume import Resume
 from ft_plugins.features.taskd import Taskd
-from ft_plugins.runtime import Runtime, activate, current
+from ft_plugins.runtime import F, Runtime, activate, current
 
 log = logging.getLogger("ft_plugins")
 
@@ -39,13 +39,15 @@ def _env_rank() -> int | None:
     return None
 
 
+def _running(kind: type[F], framework: str) -> F | None:
+    runtime = _runtime(framework)
+    return runtime.running(kind) if runtime is not None else None
+
+
 def start_taskd_worker(rank: int | None = None, framework: str = "pt") -> bool:
     """Start this process's TaskD worker once, with the global rank (default: RANK / RANK_ID)."""
-    runtime = _runtime(framework)
-    taskd = runtime.feature("taskd") if runtime else None
-    if not isinstance(taskd, Taskd):
-        return False
-    return taskd.start_worker(_env_rank() if rank is None else rank)
+    taskd = _running(Taskd, framework)
+    return taskd is not None and taskd.start_worker(_env_rank() if rank is None else rank)
 
 
 class _Range:
@@ -75,27 +77,21 @@ class _StepRange(_Range):
         return self
 
 
-def _mstx(framework: str) -> Mstx | None:
-    runtime = _runtime(framework)
-    feature = runtime.feature("mstx") if runtime else None
-    return feature if isinstance(feature, Mstx) else None
-
-
 def step_range(iteration: int, framework: str = "pt") -> _Range:
     """``with step_range(n):`` around one training step: the ``step {n}`` range on the device stream."""
-    return _StepRange(_mstx(framework), str(iteration))
+    return _StepRange(_running(Mstx, framework), str(iteration))
 
 
 def named_range(name: str, framework: str = "pt") -> _Range:
     """``with named_range("save_checkpoint"):``; names in use: dataloader, save_checkpoint, forward.
     A kind switched off by its option (``FT_PLUGINS_MSTX_SAVE_CHECKPOINT=off``) emits nothing."""
-    mstx = _mstx(framework)
+    mstx = _running(Mstx, framework)
     return _Range(mstx if mstx is not None and mstx.emits(name) else None, name)
 
 
 def ranged_batches(data_iterator: Any, framework: str = "pt") -> Any:
     """``data_iterator`` with a ``dataloader`` range around each batch fetch; unchanged when off."""
-    mstx = _mstx(framework)
+    mstx = _running(Mstx, framework)
     if mstx is None or not mstx.emits(DATALOADER):
         return data_iterator
     return mstx.ranged(data_iterator)
@@ -104,15 +100,8 @@ def ranged_batches(data_iterator: Any, framework: str = "pt") -> Any:
 def prepare_launcher(launcher: str) -> bool:
     """In the launcher process (``torchrun``), before its agent starts: the launcher side of the
     features, i.e. TaskD's elastic-agent patch for process recovery. Never raises."""
-    runtime = _runtime("pt")
-    taskd = runtime.feature("taskd") if runtime else None
-    return isinstance(taskd, Taskd) and taskd.prepare_launcher(launcher)
-
-
-def _resume(framework: str) -> Resume | None:
-    runtime = _runtime(framework)
-    feature = runtime.feature("resume") if runtime else None
-    return feature if isinstance(feature, Resume) else None
+    taskd = _running(Taskd, "pt")
+    return taskd is not None and taskd.prepare_launcher(launcher)
 
 
 def newest_intact_checkpoint(directory: str, format: str = "auto", framework: str = "pt") -> str | None:
@@ -120,7 +109,7 @@ def newest_intact_checkpoint(directory: str, format: str = "auto", framework: st
     skipped one with its reason. Uses the ``resume`` options when that feature is on, its defaults
     otherwise: the caller asked for a checkpoint explicitly. Raises NoIntactCheckpoint (before
     training) when checkpoints exist but none is intact, unless FT_PLUGINS_RESUME_ALLOW_SCRATCH=1."""
-    feature = _resume(framework)
+    feature = _running(Resume, framework)
     if feature is None:
         feature = Resume(framework, {option.name: option.default for option in Resume.options})
         feature.start()
@@ -133,7 +122,7 @@ def newest_intact_checkpoint(directory: str, format: str = "auto", framework: st
 def megatron_load_checkpoint(load_checkpoint: Callable[..., Any]) -> Callable[..., Any]:
     """Megatron's ``load_checkpoint`` made to load the newest intact iteration (all ranks agreeing);
     returned unchanged when the ``resume`` feature is off."""
-    feature = _resume("pt")
+    feature = _running(Resume, "pt")
     if feature is None:
         return load_checkpoint
     from ft_plugins.torch.resume import MegatronResume

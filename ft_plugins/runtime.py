@@ -43,6 +43,11 @@ class Runtime:
     def feature(self, name: str) -> Feature | None:
         return self.features.get(name)
 
+    def running(self, kind: type[F]) -> F | None:
+        """The running instance of feature class ``kind``, typed for the glue that calls its methods."""
+        found = self.features.get(kind.name)
+        return found if isinstance(found, kind) else None
+
     def disable(self, name: str, reason: str) -> None:
         """Turn a started feature off after the fact, e.g. when its framework hook point is missing."""
         feature = self.features.pop(name, None)

@@ -76,8 +76,7 @@ class TaskdWorkerCallback(Callback):
 
     def __init__(self, runtime: Runtime | None = None, **options: Any) -> None:
         super().__init__()
-        feature = _runtime_for("taskd", runtime, options).feature("taskd")
-        self.taskd = feature if isinstance(feature, Taskd) else None
+        self.taskd = _runtime_for("taskd", runtime, options).running(Taskd)
 
     def on_train_begin(self, run_context: RunContext) -> None:
         global _worker_owner
@@ -100,8 +99,7 @@ class StepRangesCallback(Callback):
 
     def __init__(self, runtime: Runtime | None = None, **options: Any) -> None:
         super().__init__()
-        feature = _runtime_for("mstx", runtime, options).feature("mstx")
-        self.mstx = feature if isinstance(feature, Mstx) else None
+        self.mstx = _runtime_for("mstx", runtime, options).running(Mstx)
         self._handle: Any = None
 
     def on_train_begin(self, run_context: RunContext) -> None:
@@ -171,8 +169,7 @@ class TtpCallback(Callback):
     def __init__(self, runtime: Runtime | None = None, **options: Any) -> None:
         super().__init__()
         self.runtime = _runtime_for("ttp", runtime, options)
-        feature = self.runtime.feature("ttp")
-        self.ttp = feature if isinstance(feature, Ttp) else None
+        self.ttp = self.runtime.running(Ttp)
         self.delegate: Any = None
         if self.ttp is not None and not hasattr(mindspore.train, "TrainFaultTolerance"):
             self._off(f"MindSpore {mindspore.__version__} has no TrainFaultTolerance; TTP needs MindSpore 2.5 or newer")
@@ -255,8 +252,8 @@ class TtpCallback(Callback):
         if self.ttp is not None:
             self.ttp.saves.append(target)
         log.warning("ttp: dying-gasp checkpoint written: %s", target)
-        resume = self.runtime.feature("resume")
-        if isinstance(resume, Resume):  # a whole file of this rank, as a regular save: committed like one
+        resume = self.runtime.running(Resume)
+        if resume is not None:  # a whole file of this rank, as a regular save: committed like one
             resume.commit(target)
 
 
@@ -341,8 +338,7 @@ class ResumeCallback(Callback):
     def __init__(self, directory: str = "", format: str = "auto", runtime: Runtime | None = None,
                  **options: Any) -> None:
         super().__init__()
-        feature = _runtime_for("resume", runtime, options).feature("resume")
-        self.resume = feature if isinstance(feature, Resume) else None
+        self.resume = _runtime_for("resume", runtime, options).running(Resume)
         self.format = format
         self.selection = None
         if self.resume is not None and directory:

@@ -65,12 +65,12 @@ class MegatronIntegration:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.patch_sets: list[PatchSet] = []
-        taskd = runtime.feature("taskd")
-        if isinstance(taskd, Taskd):
+        taskd = runtime.running(Taskd)
+        if taskd is not None:
             self._taskd = taskd
             self._add("taskd", Patch(INITIALIZE, "initialize_megatron", self._after_initialize))
-        mstx = runtime.feature("mstx")
-        if isinstance(mstx, Mstx):
+        mstx = runtime.running(Mstx)
+        if mstx is not None:
             self._mstx = mstx
             self._last_iterator: Any = None
             self._last_proxy: Any = None
@@ -80,8 +80,8 @@ class MegatronIntegration:
             if mstx.emits(SAVE_CHECKPOINT):
                 patches.append(Patch(CHECKPOINTING, "save_checkpoint", self._save_checkpoint))
             self._add("mstx", *patches)
-        resume = runtime.feature("resume")
-        if isinstance(resume, Resume):
+        resume = runtime.running(Resume)
+        if resume is not None:
             from ft_plugins.torch.resume import MegatronResume
 
             glue = MegatronResume(resume)
