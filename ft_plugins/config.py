@@ -10,8 +10,7 @@ Every malformed value raises :class:`ConfigError` naming the variable and what i
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 SELECT_VAR = "FT_PLUGINS"
 STRICT_VAR = "FT_PLUGINS_STRICT"
@@ -55,8 +54,7 @@ def parse_positive_int(raw: str) -> int:
     return value
 
 
-@dataclass(frozen=True)
-class Option:
+class Option(NamedTuple):
     """One per-feature option, settable as ``FT_PLUGINS_<FEATURE>_<NAME>`` or as a keyword."""
 
     name: str
@@ -82,15 +80,14 @@ class Option:
             raise ConfigError(f"{source}={raw!r} is not valid: {exc} ({self.help})") from None
 
 
-@dataclass(frozen=True)
-class Config:
+class Config(NamedTuple):
     """The resolved selection and options. ``selection`` is ``auto``, ``all``, ``none`` or ``list``."""
 
     selection: str
     listed: frozenset[str] = frozenset()
     strict: bool = False
     log_level: str = "info"
-    options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    options: Mapping[str, Mapping[str, Any]] = {}  # read-only: load() always passes its own
 
     def requested(self, feature: str) -> bool | None:
         """True: the user asked for it; False: switched off; None: on if its runtime is present."""

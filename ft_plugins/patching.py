@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import wrapt
 
@@ -22,8 +21,7 @@ log = logging.getLogger("ft_plugins")
 Wrapper = Callable[[Callable[..., Any], Any, tuple, dict], Any]
 
 
-@dataclass(frozen=True)
-class Patch:
+class Patch(NamedTuple):
     """``attribute`` is a module global, or ``Class.method`` (wrapped on the class, for every instance)."""
 
     module: str

@@ -7,8 +7,7 @@ which features are on (``runtime.feature("mstx")``) and why each of the others i
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Any, Mapping, Sequence, TypeVar
+from typing import Any, Mapping, NamedTuple, Sequence, TypeVar
 
 from ft_plugins import config as config_module
 from ft_plugins import logs
@@ -24,8 +23,7 @@ class FeatureUnavailable(RuntimeError):
     """Strict mode: a requested feature could not start. Raised before training, never inside it."""
 
 
-@dataclass(frozen=True)
-class FeatureStatus:
+class FeatureStatus(NamedTuple):
     name: str
     enabled: bool
     reason: str

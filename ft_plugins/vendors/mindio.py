@@ -15,9 +15,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import re
-from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 from ft_plugins.vendors import VendorUnavailable
 
@@ -36,7 +35,7 @@ DEFAULT_PORT = 8000
 TASK_ID_VAR = "MINDX_TASK_ID"
 EXPORT_VERSION = "MindSpeed-LLM"  # one of the two values MindIO accepts; selects the Megatron-style dump
 HANDLERS = ("save_ckpt", "rename", "exit", "stop", "clean", "repair", "rollback", "rebuild_group", "stream_sync")
-_ITEM = re.compile(r"^([A-Z]+):([0-9])$")
+_ITEM = r"^([A-Z]+):([0-9])$"  # compiled on first use (re caches it), not at import
 
 
 def tft_switches(env: Mapping[str, str]) -> dict[str, str]:
@@ -49,7 +48,7 @@ def tft_switches(env: Mapping[str, str]) -> dict[str, str]:
         return {}
     switches: dict[str, str] = {}
     for item in body.split(","):
-        match = _ITEM.match(item.strip())
+        match = re.match(_ITEM, item.strip())
         if match is None or match.group(1) not in TFT_SWITCHES:
             raise VendorUnavailable(
                 f"{TFT_VAR}={raw!r} is not valid: {item.strip()!r} is not SWITCH:DIGIT with SWITCH one of "
@@ -96,8 +95,7 @@ def load_framework_api() -> ModuleType:
     return module
 
 
-@dataclass(frozen=True)
-class Endpoint:
+class Endpoint(NamedTuple):
     """Where the controller listens and the processors connect; TLS only when ``tls_info`` is given."""
 
     controller: str
