@@ -14,7 +14,6 @@ from typing import Any
 from support import MEGATRON_EXAMPLE, TORCHRUN, free_port
 
 ITERS = 6
-MODEL = "mp_rank_00/model_optim_rng.pt"
 
 
 @dataclass
@@ -35,11 +34,11 @@ class Job:
 
 
 def run_job(workdir: Path, *args: str, launcher: tuple[str, ...] = (), entry: Path = MEGATRON_EXAMPLE,
-            save: Path | None = None, timeout: int = 300, **env: str) -> Job:
-    """torchrun with 2 ranks on the Megatron example, no vendor runtime on the path (MindIO absent);
+            save: Path | None = None, timeout: int = 300, nproc: int = 2, **env: str) -> Job:
+    """torchrun with ``nproc`` ranks on the Megatron example, no vendor runtime on the path (MindIO absent);
     ``save`` defaults to ``workdir/ckpt``."""
     save = save or workdir / "ckpt"
-    command = [TORCHRUN, "--nproc-per-node", "2", "--master-port", str(free_port()), *launcher, str(entry),
+    command = [TORCHRUN, "--nproc-per-node", str(nproc), "--master-port", str(free_port()), *launcher, str(entry),
                "--train-iters", str(ITERS), "--save", str(save), *args]
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "FT_FAKE", "TORCHELASTIC"))}
     result = subprocess.run(command, cwd=workdir, env={**clean, **env},
@@ -88,8 +87,9 @@ def _compare(a: Any, b: Any, where: str, found: list[str]) -> None:
         found.append(f"{where}: {a!r} != {b!r}")
 
 
-def same_as_reference(job: Job, reference: Job, iteration: int, rng: bool = True) -> list[str]:
-    return differences(job.iteration(iteration) / MODEL, reference.iteration(iteration) / MODEL, rng)
+def same_as_reference(job: Job, reference: Job, iteration: int, rng: bool = True, shard: str = "mp_rank_00") -> list[str]:
+    model = f"{shard}/model_optim_rng.pt"
+    return differences(job.iteration(iteration) / model, reference.iteration(iteration) / model, rng)
 
 
 def committed_dump(job: Job, iteration: int) -> None:
