@@ -3,7 +3,11 @@ torch``) with the fake MindIO on the path (tests/fakes/mindio_ttp: PyTorch's han
 controller thread that dumps on a reported error). Rank 1 is SIGKILLed as step 4 begins; the fake
 controller makes the survivor save and rename, and the committed dump must equal the uninterrupted
 reference run's save of step 3; a plain ``--load`` relaunch (MindIO engine on, no fault) ends equal
-to the reference. The recorded calls show MindSpeed-LLM's wiring order.
+to the reference. The recorded calls show MindSpeed-LLM's wiring order. Further runs: rank 0 killed,
+the victim killed inside its update, SIGTERM inside an update (MindIO makes SIGTERM do nothing), and
+MindSpeed-LLM's native high availability switched on (``ttp`` steps aside). The fake's controller
+lives in every process; the real one runs on rank 0 or, under MindCluster (``MINDX_TASK_ID``), in
+TaskD's process, so a rank 0 death without TaskD takes MindIO's controller with it.
 """
 
 from __future__ import annotations
@@ -15,12 +19,13 @@ from typing import Any
 import pytest
 
 from support import FAKES, read_records
-from ttp_runs import Job, committed_dump, resumed_to_the_end, run_job, same_as_reference
+from ttp_runs import ITERS, Job, committed_dump, resumed_to_the_end, run_job, same_as_reference
 
 STEP = 3  # completed steps when rank 1 dies
 FAR = ("--save-interval", "100")  # no periodic save: whatever is not lost is the dump's doing
 HANDLERS = ["save_ckpt", "rename", "exit", "stop", "clean", "repair", "rollback", "rebuild_group", "stream_sync"]
 UPDATE_CALLS = ("tft_start_updating_os", "tft_end_updating_os", "tft_pause_train")
+MINDSPEED_ENTRY = Path(__file__).resolve().parents[1] / "torch_plugin" / "fixtures" / "mindspeed_entry.py"
 
 
 def _with_mindio(record: Path) -> dict[str, str]:
@@ -34,6 +39,18 @@ def mindio_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Job, list[dict
     record = workdir / "mindio.jsonl"
     job = run_job(workdir, *FAR, **_with_mindio(record), FT_PLUGINS_INJECT_FAULT=f"rank=1,step={STEP},kind=kill")
     return job, read_records(record)
+
+
+def _scenario(tmp_path_factory: pytest.TempPathFactory, name: str, *faults: str, entry: Path | None = None,
+              **env: str) -> tuple[Job, list[dict[str, Any]]]:
+    workdir = tmp_path_factory.mktemp(name)
+    record = workdir / "mindio.jsonl"
+    mindio = _with_mindio(record)
+    if entry is not None:  # a MindSpeed-LLM-shaped entry: its package beside the entry script
+        mindio["PYTHONPATH"] = os.pathsep.join([str(entry.parent), mindio["PYTHONPATH"]])
+    job = run_job(workdir, *FAR, **({"entry": entry} if entry else {}), **mindio, **env,
+                  **({"FT_PLUGINS_INJECT_FAULT": ";".join(faults)} if faults else {}))
+    return job, read_records(record) if record.exists() else []
 
 
 @pytest.fixture(scope="module")
@@ -99,3 +116,41 @@ def test_fake_controller_drives_the_survivors_dump_bit_identical_to_a_normal_sav
 
 def test_plain_load_resumes_at_k_plus_one_and_ends_bit_identical(resumed: Job, reference: Job) -> None:
     resumed_to_the_end(resumed, reference, STEP)
+
+
+def test_rank0_killed_the_survivor_dumps_and_commits(tmp_path_factory: pytest.TempPathFactory, reference: Job) -> None:
+    job, calls = _scenario(tmp_path_factory, "mindio_rank0", f"rank=0,step={STEP},kind=kill")
+    committed_dump(job, STEP)
+    assert job.lines(f"MindIO dump of step {STEP}: rank 1 dumped mp_rank_00 of iteration {STEP} in")
+    assert [c["api"] for c in _of(calls, "1")[-2:]] == ["fake_controller_save", "fake_controller_rename"]
+    assert same_as_reference(job, reference, STEP) == []
+
+
+def test_victim_killed_in_its_update_the_survivor_dumps_the_step_it_completed(
+        tmp_path_factory: pytest.TempPathFactory, reference: Job) -> None:
+    job, calls = _scenario(tmp_path_factory, "mindio_kill_in_update", f"rank=1,step={STEP},kind=kill,at=update")
+    committed_dump(job, STEP + 1)  # every gradient was reduced before the victim died: step 4 completed on rank 0
+    assert ("tft_end_updating_os", [STEP + 1]) in [(c["api"], c["args"]) for c in _of(calls, "0")]
+    assert ("fake_controller_save", STEP + 1) in [(c["api"], c["args"][0]) for c in _of(calls, "0") if c["args"]]
+    assert same_as_reference(job, reference, STEP + 1) == []
+
+
+def test_sigterm_inside_an_update_does_nothing_as_mindio_makes_it_and_training_ends_unharmed(
+        tmp_path_factory: pytest.TempPathFactory, reference: Job) -> None:
+    job, calls = _scenario(tmp_path_factory, "mindio_term", f"rank=1,step={STEP},kind=term,at=update")
+    assert job.returncode == 0, job.output[-3000:]
+    assert job.lines(f"firing injected fault rank=1,step={STEP},kind=term,at=update")
+    assert not [c for c in calls if c["api"].startswith("fake_controller")], "no dump"
+    assert same_as_reference(job, reference, ITERS) == []  # the final save: nothing half-updated, nothing lost
+
+
+def test_native_high_availability_on_ttp_steps_aside_on_a_real_run(tmp_path_factory: pytest.TempPathFactory,
+                                                                   reference: Job) -> None:
+    """MindSpeed-LLM's own train loop (by-name copies), with the variable MindCluster sets for its native HA."""
+    job, calls = _scenario(tmp_path_factory, "mindio_native_ha", entry=MINDSPEED_ENTRY, HIGH_AVAILABILITY="dump")
+    assert job.returncode == 0, job.output[-3000:]
+    assert job.lines("mindspeed-shaped train loop running")
+    assert len(job.lines("ttp requested but disabled: MindSpeed-LLM's native high availability (HIGH_AVAILABILITY=dump) is on: "
+                         "its own dying-gasp wiring runs, ttp steps aside")) == 2, job.output[-3000:]
+    assert not [c["api"] for c in calls if c["api"].startswith(("tft_", "set_mindio"))], "ft_plugins made no MindIO call"
+    assert same_as_reference(job, reference, ITERS) == []
