@@ -2,9 +2,9 @@
 
 A dump of iteration K is written by the survivors, one writer per shard, into
 ``<save>/iter_{K:07d}_tmp/<shard>/<file>`` (the shard directories Megatron names, e.g. ``mp_rank_00``).
-Each writer writes its file under a temporary name, fsyncs and renames it, then writes the part
-record ``<shard>/ft_part.json`` (which shard, which K, every shard of the run, who wrote it): a part
-without a record is one whose writer was killed mid-write.
+Each writer writes its files under temporary names, fsyncs and renames them, then writes the part
+record ``<shard>/ft_part.json`` (which shard, which K, every shard of the run, who wrote it, which
+files): a part without a record is one whose writer was killed mid-write.
 
 Commit (:func:`commit_dump`) = coverage check (every shard of the run has a part, every part is of
 K) + rename to ``iter_{K:07d}`` + commit manifest + atomic tracker update. It is idempotent and
@@ -39,6 +39,7 @@ class Part:
     iteration: int
     shards: tuple[str, ...]  # every shard of the run: what the dump must cover
     writer: int  # global rank of the writer
+    files: tuple[str, ...] = ()  # what the part holds, each checked before a commit
 
 
 @dataclass
@@ -59,23 +60,25 @@ def dump_dir(save_dir: str, iteration: int) -> str:
     return final_dir(save_dir, iteration) + TMP_SUFFIX
 
 
-def write_part(save_dir: str, part: Part, filename: str, write: Callable[[str], None]) -> str:
-    """Write one shard's file of the dump of ``part.iteration`` with ``write(path)``, then its record.
+def write_part(save_dir: str, part: Part, writes: Mapping[str, Callable[[str], None]]) -> str:
+    """Write one shard's files of the dump of ``part.iteration`` (``{filename: write(path)}``), then its record.
 
-    The file appears under its final name only once complete and on disk; the record after it.
-    Several writers of the same shard are harmless (each renames a whole file over the other).
+    Each file appears under its final name only once complete and on disk; the record, naming
+    them, after the last. Several writers of the same shard are harmless (each renames whole files
+    over the other's). Returns the shard directory.
     """
     directory = os.path.join(dump_dir(save_dir, part.iteration), part.shard)
     os.makedirs(directory, exist_ok=True)
-    target = os.path.join(directory, filename)
-    temporary = f"{target}.{part.writer}.partial"
-    write(temporary)
-    with open(temporary, "rb+") as handle:
-        os.fsync(handle.fileno())
-    os.replace(temporary, target)
+    for filename, write in writes.items():
+        target = os.path.join(directory, filename)
+        temporary = f"{target}.{part.writer}.partial"
+        write(temporary)
+        with open(temporary, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(temporary, target)
     with atomic_file(os.path.join(directory, PART_RECORD), sync_directory=True) as handle:
-        json.dump(asdict(part), handle)
-    return target
+        json.dump({**asdict(part), "files": list(writes)}, handle)
+    return directory
 
 
 def read_part(shard_dir: str) -> Part | None:
@@ -83,7 +86,8 @@ def read_part(shard_dir: str) -> Part | None:
     try:
         with open(os.path.join(shard_dir, PART_RECORD), "rb") as handle:
             data = json.loads(handle.read())
-        return Part(str(data["shard"]), int(data["iteration"]), tuple(data["shards"]), int(data["writer"]))
+        return Part(str(data["shard"]), int(data["iteration"]), tuple(data["shards"]), int(data["writer"]),
+                    tuple(str(name) for name in data.get("files", ())))
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError):
@@ -93,8 +97,9 @@ def read_part(shard_dir: str) -> Part | None:
 def uncovered(expected: Iterable[str], holders: Mapping[str, Iterable[int]]) -> list[str]:
     """The shards of ``expected`` that no holder covers; ``holders`` maps a shard to the ranks that wrote it.
 
-    The coverage rule on its own: one complete part per shard. A replicated optimizer state can
-    add its own rule here (one complete instance of every shard) without touching the commit.
+    The coverage rule on its own: one complete part per shard. With a sharded optimizer state a part
+    is written only by a complete instance (its members gathered the state together), so the rule
+    stays the same.
     """
     return [shard for shard in sorted(expected) if not list(holders.get(shard, ()))]
 
@@ -120,6 +125,8 @@ def dump_problems(directory: str) -> list[str]:
         elif part.iteration != iteration or part.shard != shard:
             problems.append(f"{shard}: part of iteration {part.iteration} ({part.shard}), not of {iteration} "
                             "(parts from different steps)")
+        elif absent := [name for name in part.files if not _is_file(os.path.join(directory, shard, name))]:
+            problems.append(f"{shard}: {', '.join(absent)} missing beside its part record")
         else:
             holders.setdefault(shard, []).append(part.writer)
             expected.update(part.shards)
@@ -133,6 +140,10 @@ def dump_problems(directory: str) -> list[str]:
         problems.append(f"iter_{iteration:07d} already exists (a periodic save of the same step, maybe "
                         "half-written): the dump is not committed over it")
     return problems
+
+
+def _is_file(path: str) -> bool:
+    return os.path.isfile(path) and not os.path.islink(path)
 
 
 def pending_reason(directory: str) -> str:

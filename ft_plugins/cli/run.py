@@ -38,6 +38,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     for warning in plan.warnings:
         print(f"ft-plugins run: warning: {warning}", file=sys.stderr)
+    for note in plan.notes:
+        print(f"ft-plugins run: {note}", file=sys.stderr)
     if args.dry_run:
         for name, value in plan.changes.items():
             print(f"export {name}={shlex.quote(value)}")

@@ -28,11 +28,15 @@ from ft_plugins.vendors.mindio import (DEFAULT_PORT, TFT_EXAMPLE, TFT_VAR, endpo
 ENGINES = ("auto", "mindio", "builtin")
 HIGH_AVAILABILITY_VAR = "HIGH_AVAILABILITY"
 NATIVE_FLAGS = ("--enable-high-availability", "--ttp-enabled")
+MINDSPEED_LLM = "mindspeed_llm"
 
 
 def native_high_availability(env: Mapping[str, str], argv: Sequence[str]) -> str | None:
-    """Which native dying-gasp wiring is on (MindSpeed-LLM's high availability, MindSpeed's TTP), or None."""
-    if env.get(HIGH_AVAILABILITY_VAR, "").strip():
+    """Which native dying-gasp wiring is on (MindSpeed-LLM's high availability, MindSpeed's TTP), or None.
+
+    ``HIGH_AVAILABILITY`` counts only where MindSpeed-LLM is installed: MindCluster's operator sets it for
+    every PyTorch job with a recover strategy, and plain Megatron has nothing that would read it."""
+    if env.get(HIGH_AVAILABILITY_VAR, "").strip() and importlib.util.find_spec(MINDSPEED_LLM) is not None:
         return f"MindSpeed-LLM's native high availability ({HIGH_AVAILABILITY_VAR}={env[HIGH_AVAILABILITY_VAR]})"
     flag = next((arg for arg in argv if arg in NATIVE_FLAGS), None)
     if flag == NATIVE_FLAGS[0]:
@@ -83,6 +87,8 @@ class Ttp(Feature):
         if native:
             raise VendorUnavailable(f"{native} is on: its own dying-gasp wiring runs, ttp steps aside")
         self.saves = []
+        unread = (f"; {HIGH_AVAILABILITY_VAR}={os.environ[HIGH_AVAILABILITY_VAR]} is set, but without MindSpeed-LLM "
+                  "nothing else wires a dump" if os.environ.get(HIGH_AVAILABILITY_VAR, "").strip() else "")
         wanted = self.settings["engine"]
         mindio = importlib.util.find_spec("mindio_ttp") is not None
         if wanted == "mindio" or (wanted == "auto" and mindio):
@@ -94,13 +100,13 @@ class Ttp(Feature):
             self.engine = "mindio"
             why = "asked for" if wanted == "mindio" else "mindio_ttp is installed"
             return (f"engine mindio ({why}): MindIO TTP controller {self.where.controller}:{self.where.port}, "
-                    f"TLS {'on' if self.where.tls_info else 'off'}")
+                    f"TLS {'on' if self.where.tls_info else 'off'}{unread}")
         if not self.requested:
             raise VendorUnavailable("MindIO TTP is not installed, and the built-in engine runs only when ttp is "
                                     "asked for (FT_PLUGINS=ttp,... or all): it takes over SIGTERM and exit codes")
         self.engine = "builtin"
         why = "asked for" if wanted == "builtin" else "MindIO TTP is not installed"
-        return f"engine builtin ({why}): dump on a fatal error or SIGTERM"
+        return f"engine builtin ({why}): dump on a fatal error or SIGTERM{unread}"
 
     def activity(self) -> str:
         return f"dying-gasp checkpoints written: {', '.join(self.saves)}" if self.saves else "no dying-gasp save"

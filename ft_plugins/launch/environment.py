@@ -19,6 +19,10 @@ from ft_plugins.launch import BOOTSTRAP_DIR
 from ft_plugins.vendors import cann, taskd
 
 PRELOAD_VAR = "LD_PRELOAD"
+# with the c10d rendezvous (--standalone too) torch 2.13 shares the launcher's store with the workers of
+# every restart attempt without a per-attempt prefix, so restarted workers read the dead workers' gloo
+# addresses; this gives each attempt its own store (measured: it breaks the static rendezvous instead)
+FRESH_STORE_VAR = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 _PYTHON = re.compile(r"python[0-9.]*")
 _BLOCKING_FLAGS = {"I": "-I (isolated mode) ignores PYTHONPATH", "E": "-E ignores PYTHON* variables",
                    "S": "-S skips the site module, so no sitecustomize runs"}
@@ -33,6 +37,7 @@ class Plan:
     env: dict[str, str]
     changes: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 def resolve(features: str | None, env: Mapping[str, str]) -> config.Config:
@@ -122,6 +127,27 @@ def without_bootstrap(value: str) -> str:
     return os.pathsep.join(p for p in value.split(os.pathsep) if p and os.path.abspath(p) != BOOTSTRAP_DIR)
 
 
+def restarts_share_a_store(command: Sequence[str]) -> bool:
+    """Whether ``command`` is torchrun restarting workers (``--max-restarts`` > 0) over the c10d rendezvous
+    (``--standalone`` or ``--rdzv-backend c10d``): the launcher's own options, those before the script."""
+    if not command or not (os.path.basename(command[0]) == "torchrun"
+                           or list(command[1:3]) == ["-m", "torch.distributed.run"]):
+        return False
+    options: dict[str, str] = {}
+    arguments = list(command[1:])
+    for index, arg in enumerate(arguments):
+        if arg.endswith(".py"):
+            break
+        name, equals, value = arg.partition("=")
+        name = name.replace("_", "-")
+        if not equals and index + 1 < len(arguments) and not arguments[index + 1].startswith("-"):
+            value = arguments[index + 1]
+        options[name] = value
+    restarts = options.get("--max-restarts", "0")
+    c10d = "--standalone" in options or options.get("--rdzv-backend") == "c10d"
+    return c10d and restarts.isdigit() and int(restarts) > 0
+
+
 def is_msrun(command: Sequence[str]) -> bool:
     return bool(command) and (os.path.basename(command[0]) == "msrun"
                               or list(command[1:3]) == ["-m", "mindspore.parallel.cluster.run"])
@@ -152,7 +178,12 @@ def plan(command: Sequence[str], features: str | None = None, inject_fault: str 
         warning = msrun_python(base, wanted is True or (wanted is None and taskd.package_dir() is not None))
         if warning:
             warnings.append(warning)
-    return Plan(list(command), {**base, **changes}, changes, warnings)
+    notes = []
+    if restarts_share_a_store(command) and FRESH_STORE_VAR not in base:
+        changes[FRESH_STORE_VAR] = "1"
+        notes.append(f"{FRESH_STORE_VAR}=1: each torchrun restart attempt gets a fresh rendezvous store, so "
+                     "restarted workers never read the dead workers' addresses")
+    return Plan(list(command), {**base, **changes}, changes, warnings, notes)
 
 
 HCCL_OP_RETRY = "L0:0, L1:1, L2:1"  # HCCL re-runs a failed communication op (MindCluster's guides)

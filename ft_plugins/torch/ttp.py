@@ -15,9 +15,14 @@ What it hooks, and why:
   still runs. After a dump: flush, fsync, ``os._exit`` (exiting through the interpreter without
   ``destroy_process_group`` sometimes aborts).
 
-The dump uses no collective: one writer per shard is chosen by ``store.add`` on torchrun's store
-(which outlives every worker), and the state written is what Megatron's ``save_checkpoint`` at K
-would write (``generate_state_dict``, its file naming, consumed samples and scheduler as at K).
+The dump uses no collective with the non-distributed optimizer: one writer per shard is chosen by
+``store.add`` on torchrun's store (which outlives every worker), and the state written is what
+Megatron's ``save_checkpoint`` at K would write (``generate_state_dict``, its file naming, consumed
+samples and scheduler as at K). With the distributed optimizer the members of each optimizer
+instance first agree on K and gather the instance's state inside the instance's own gloo group
+(Megatron's ``get_parameter_state_dp_zero``); an instance that lost a member fails there and writes
+nothing, a complete one writes ``distrib_optim.pt`` beside the model file (replicas: see
+``FT_PLUGINS_TTP_REPLICAS``).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from ft_plugins.vendors.mindio import TorchProcess
 log = logging.getLogger("ft_plugins.ttp")
 
 FILENAME = "model_optim_rng.pt"
+OPTIMIZER_FILENAME = "distrib_optim.pt"  # the distributed optimizer's parameter state, beside FILENAME
 EXIT_ON_ERROR, EXIT_ON_SIGTERM = 1, 128 + signal.SIGTERM
 UPDATE_WAIT = 10.0  # seconds a dump waits for a rank past its update to finish the step (or to fail)
 
@@ -168,7 +174,7 @@ class BuiltinEngine:
     def _refused(self) -> bool:
         """Whether this run is one the dump cannot serve (said once in the log)."""
         if self._refusal is None:
-            self._refusal = _unsupported(_megatron("training.global_vars").get_args())
+            self._refusal = _unsupported(_megatron("training.global_vars").get_args(), self.feature.engine)
             if self._refusal:
                 log.warning("ttp: the %s engine is off for this run: %s", self.feature.engine, self._refusal)
         return bool(self._refusal)
@@ -249,6 +255,8 @@ class BuiltinEngine:
             if snapshot is None:
                 log.warning("ttp: %s: nothing to dump (%s)", reason,
                             "this rank was caught inside an update" if self._torn else "no step began")
+                if self._step is not None and _distributed_optimizer():
+                    _instance_state(self._step.optimizer, -1)  # the instance's others learn it and write nothing
             else:
                 self._write(reason, started, *snapshot, commit=commit)
         except Exception as exc:  # never a half-committed dump: the commit checks every part
@@ -287,6 +295,17 @@ class BuiltinEngine:
             return
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         shard, shards = _shards(checkpointing, save_dir, iteration)
+        writes: dict[str, Callable[[str], None]] = {}
+        if megatron_args.use_distributed_optimizer:
+            try:
+                optimizer_state = _instance_state(step.optimizer, iteration)
+            except Exception as exc:
+                log.warning("ttp: %s: rank %d writes nothing: its optimizer instance cannot gather its state (%s: %s)",
+                            reason, rank, type(exc).__name__, exc)
+                return
+            if optimizer_state is None:
+                return  # the instance's first rank writes
+            writes[OPTIMIZER_FILENAME] = lambda path: torch.save(optimizer_state, path)
         if not _claim(f"ft_plugins/ttp/{os.environ.get(RESTART_VAR, '0')}/{iteration}/{shard}"):
             log.warning("ttp: %s: another survivor writes %s of iteration %d", reason, shard, iteration)
             return
@@ -296,7 +315,8 @@ class BuiltinEngine:
         state = checkpointing.generate_state_dict(state_args, model, step.optimizer, step.scheduler, rng,
                                                   iteration=iteration)
         state["num_floating_point_operations_so_far"] = self._flops(iteration, megatron_args)
-        write_part(save_dir, Part(shard, iteration, shards, rank), FILENAME, lambda path: torch.save(state, path))
+        writes[FILENAME] = lambda path: torch.save(state, path)
+        write_part(save_dir, Part(shard, iteration, shards, rank), writes)
         written = time.monotonic()
         status = self._commit(save_dir, iteration) if commit else "committed on MindIO's rename"
         log.warning("ttp: %s: rank %d dumped %s of iteration %d in %.0f ms; %s", reason, rank, shard,
@@ -431,19 +451,45 @@ def _synchronize(*args: Any) -> None:
         device.synchronize()
 
 
-def _unsupported(megatron_args: Any) -> str:
+def _unsupported(megatron_args: Any, engine: str = "builtin") -> str:
     """Why a survivor cannot write what a save would (empty when it can)."""
-    if getattr(megatron_args, "use_distributed_optimizer", False):
-        replicas = getattr(megatron_args, "num_distributed_optimizer_instances", 1)
-        held = (f"every optimizer shard is held by {replicas} replicas, but" if replicas > 1 else
-                "every optimizer shard has a single holder (no replicas, see FT_PLUGINS_TTP_REPLICAS), and")
-        return (f"--use-distributed-optimizer: {held} the dump does not write the distributed optimizer's "
-                "state (distrib_optim.pt) yet (use the non-distributed optimizer)")
+    if getattr(megatron_args, "use_distributed_optimizer", False) and engine != "builtin":
+        return ("--use-distributed-optimizer: the MindIO engine's dump does not write the distributed "
+                "optimizer's state (distrib_optim.pt) yet (use FT_PLUGINS_TTP_ENGINE=builtin or the "
+                "non-distributed optimizer)")
     if getattr(megatron_args, "ckpt_format", "torch") != "torch":
         return f"--ckpt-format {megatron_args.ckpt_format}: the dump writes the torch format (use --ckpt-format torch)"
     if getattr(megatron_args, "data_parallel_random_init", False):
         return "--data-parallel-random-init: a save gathers every data-parallel rank's RNG state"
     return ""
+
+
+def _distributed_optimizer() -> bool:
+    return bool(getattr(_megatron("training.global_vars").get_args(), "use_distributed_optimizer", False))
+
+
+def _instance_state(optimizer: Any, iteration: int) -> Any:
+    """The distributed optimizer's parameter state as ``save_parameter_state`` saves it, gathered inside this
+    rank's optimizer instance only (its gloo group, never a lost rank's): on the instance's first rank, None
+    on the others. Every member must call it; they first exchange ``iteration`` (-1: this rank has nothing
+    to dump) and raise unless all agree, so an instance never mixes steps. A lost member makes it raise."""
+    import torch
+    import torch.distributed as dist
+
+    chained = getattr(optimizer, "chained_optimizers", None) or [optimizer]
+    sharded = [member for member in chained if hasattr(member, "get_parameter_state_dp_zero")]
+    group = sharded[0].data_parallel_group_gloo
+    mine = torch.tensor([iteration], dtype=torch.int64)
+    found = [torch.empty_like(mine) for _ in range(group.size())]
+    dist.all_gather(found, mine, group=group)
+    steps = [int(value) for value in found]
+    members = dist.get_process_group_ranks(group)
+    if iteration < 0 or len(set(steps)) != 1:
+        raise RuntimeError(f"the members {members} of this optimizer instance stand at steps {steps}")
+    states = [member.get_parameter_state_dp_zero() for member in sharded]
+    if sharded[0].data_parallel_group.rank() != 0:
+        return None
+    return states[0] if len(chained) == 1 else states
 
 
 def _shards(checkpointing: Any, save_dir: str, iteration: int) -> tuple[str, tuple[str, ...]]:

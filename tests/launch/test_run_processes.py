@@ -232,3 +232,24 @@ def test_a_failing_sitecustomize_never_stops_the_command_and_bad_config_stops_be
     refused = ft_run(["--", PYTHON, "-c", code], dict(env, FT_PLUGINS_MSTX_BACKEND="gpu"), tmp_path)
     assert refused.returncode == 2 and "FT_PLUGINS_MSTX_BACKEND='gpu' is not valid" in refused.stderr
     assert "ran" not in refused.stdout
+
+
+@pytest.mark.parametrize(("command", "fresh"), [
+    (["torchrun", "--standalone", "--max-restarts", "1", "train.py"], True),
+    (["torchrun", "--rdzv_backend=c10d", "--rdzv-endpoint", "h:1", "--max_restarts=2", "train.py"], True),
+    ([PYTHON, "-m", "torch.distributed.run", "--standalone", "--max-restarts=1", "train.py"], True),
+    (["torchrun", "--standalone", "--max-restarts", "0", "train.py"], False),
+    (["torchrun", "--max-restarts", "1", "train.py"], False),  # static rendezvous: the variable breaks it
+    (["torchrun", "--standalone", "train.py", "--max-restarts", "3"], False),  # the script's own argument
+    (["python", "train.py", "--standalone", "--max-restarts", "3"], False),
+])
+def test_torchrun_restarts_over_c10d_get_a_fresh_store_per_attempt(command: list[str], fresh: bool) -> None:
+    plan = environment.plan(command, env={"PATH": os.environ["PATH"]})
+    assert (plan.changes.get(environment.FRESH_STORE_VAR) == "1") is fresh
+    assert bool(plan.notes) is fresh
+
+
+def test_a_store_setting_the_user_made_wins() -> None:
+    plan = environment.plan(["torchrun", "--standalone", "--max-restarts", "1", "train.py"],
+                            env={"PATH": os.environ["PATH"], environment.FRESH_STORE_VAR: "0"})
+    assert environment.FRESH_STORE_VAR not in plan.changes and plan.env[environment.FRESH_STORE_VAR] == "0"

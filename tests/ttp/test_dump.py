@@ -26,7 +26,7 @@ def _zip(path: str) -> None:
 
 
 def _part(save: Path, shard: str, iteration: int, writer: int = 0, shards: tuple[str, ...] = SHARDS) -> None:
-    write_part(str(save), Part(shard, iteration, shards, writer), "model_optim_rng.pt", _zip)
+    write_part(str(save), Part(shard, iteration, shards, writer), {"model_optim_rng.pt": _zip})
 
 
 def _tracker(save: Path) -> str:
@@ -79,7 +79,7 @@ def test_a_writer_killed_mid_write_leaves_no_record_and_no_commit(tmp_path: Path
         "        handle.write(b'PK' + b'x' * 4096)\n"
         "        handle.flush()\n"
         "        os.kill(os.getpid(), signal.SIGKILL)\n"
-        f"write_part({str(tmp_path)!r}, Part('mp_rank_01', 5, {SHARDS!r}, 1), 'model_optim_rng.pt', dying)\n")
+        f"write_part({str(tmp_path)!r}, Part('mp_rank_01', 5, {SHARDS!r}, 1), {{'model_optim_rng.pt': dying}})\n")
     result = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert result.returncode == -signal.SIGKILL
     shard = Path(dump_dir(str(tmp_path), 5)) / "mp_rank_01"
@@ -124,7 +124,19 @@ def test_a_complete_uncommitted_dump_is_reported_as_such(tmp_path: Path) -> None
     assert pending_reason(dump_dir(str(tmp_path), 3)) == (
         "dying-gasp dump complete but not committed yet (ttp commits it at the next start-up)")
     record = json.loads((Path(dump_dir(str(tmp_path), 3)) / "mp_rank_00" / PART_RECORD).read_text())
-    assert record == {"shard": "mp_rank_00", "iteration": 3, "shards": list(SHARDS), "writer": 0}
+    assert record == {"shard": "mp_rank_00", "iteration": 3, "shards": list(SHARDS), "writer": 0,
+                      "files": ["model_optim_rng.pt"]}
+
+
+def test_a_file_the_record_names_but_missing_is_never_committed(tmp_path: Path) -> None:
+    """A part of several files (the distributed optimizer's ``distrib_optim.pt`` beside the model) counts only whole."""
+    _part(tmp_path, "mp_rank_00", 3)
+    write_part(str(tmp_path), Part("mp_rank_01", 3, SHARDS, 1), {"distrib_optim.pt": _zip, "model_optim_rng.pt": _zip})
+    (Path(dump_dir(str(tmp_path), 3)) / "mp_rank_01" / "distrib_optim.pt").unlink()
+    outcome = commit_dump(str(tmp_path), 3)
+    assert not outcome.committed
+    assert outcome.reasons == ["mp_rank_01: distrib_optim.pt missing beside its part record",
+                               "shard mp_rank_01 missing (no survivor holding it wrote it)"]
 
 
 @pytest.mark.parametrize(("holders", "missing"), [

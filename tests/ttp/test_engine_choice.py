@@ -9,6 +9,8 @@ import pytest
 from ft_plugins.runtime import activate
 from support import FAKES, old_mindio
 
+MINDSPEED_LLM_SHAPED = FAKES.parent / "torch_plugin" / "fixtures"  # holds a package named mindspeed_llm
+
 
 def _ttp(env: dict[str, str]) -> tuple[bool, str, object]:
     runtime = activate("pt", env=env)
@@ -102,11 +104,21 @@ def test_steps_aside_for_native_high_availability(clean: pytest.MonkeyPatch, set
         clean.setattr("sys.argv", ["pretrain_gpt.py", "--num-layers", "2", setting["argv"]])
     else:
         clean.setenv("HIGH_AVAILABILITY", setting["HIGH_AVAILABILITY"])
+        clean.syspath_prepend(str(MINDSPEED_LLM_SHAPED))
     with caplog.at_level(logging.INFO, logger="ft_plugins"):
         enabled, reason, _ = _ttp({"FT_PLUGINS": "ttp"})
     assert not enabled
     assert reason == f"{named} is on: its own dying-gasp wiring runs, ttp steps aside"
     assert len([r for r in caplog.records if r.getMessage().startswith("ttp ")]) == 1
+
+
+def test_high_availability_without_mindspeed_llm_leaves_ttp_on_and_says_so(clean: pytest.MonkeyPatch) -> None:
+    """MindCluster's operator sets HIGH_AVAILABILITY for any PyTorch job with a recover strategy; on plain
+    Megatron nothing reads it, so stepping aside would leave the job without a dying gasp."""
+    clean.setenv("HIGH_AVAILABILITY", "dump")
+    enabled, reason, engine = _ttp({"FT_PLUGINS": "ttp"})
+    assert (enabled, engine) == (True, "builtin")
+    assert reason.endswith("; HIGH_AVAILABILITY=dump is set, but without MindSpeed-LLM nothing else wires a dump")
 
 
 def test_mindio_with_the_old_api_is_named_and_training_goes_on(clean: pytest.MonkeyPatch, tmp_path,

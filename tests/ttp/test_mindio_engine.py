@@ -150,7 +150,9 @@ def test_native_high_availability_on_ttp_steps_aside_on_a_real_run(tmp_path_fact
     job, calls = _scenario(tmp_path_factory, "mindio_native_ha", entry=MINDSPEED_ENTRY, HIGH_AVAILABILITY="dump")
     assert job.returncode == 0, job.output[-3000:]
     assert job.lines("mindspeed-shaped train loop running")
-    assert len(job.lines("ttp requested but disabled: MindSpeed-LLM's native high availability (HIGH_AVAILABILITY=dump) is on: "
+    assert len(job.lines("ttp requested but disabled: MindSpeed-LLM's native high availability "
+                         "(HIGH_AVAILABILITY=dump) is on: "
                          "its own dying-gasp wiring runs, ttp steps aside")) == 2, job.output[-3000:]
-    assert not [c["api"] for c in calls if c["api"].startswith(("tft_", "set_mindio"))], "ft_plugins made no MindIO call"
+    made = [c["api"] for c in calls if c["api"].startswith(("tft_", "set_mindio"))]
+    assert made == [], "ft_plugins made no MindIO call"
     assert same_as_reference(job, reference, ITERS) == []

@@ -14,43 +14,39 @@ import sys
 
 import pytest
 
-from ttp_runs import ITERS, Job, committed_dump, resumed_to_the_end, run_job, same_as_reference
+from ttp_runs import ITERS, Job, Launch, committed_dump, resumed_to_the_end, same_as_reference
 
-TP = ("--tensor-model-parallel-size", "2")
+# megatron's argument check demands CUDA_DEVICE_MAX_CONNECTIONS=1 for TP > 1
+TP = Launch(4, ("--tensor-model-parallel-size", "2"), (("CUDA_DEVICE_MAX_CONNECTIONS", "1"),))
 SHARDS = ("mp_rank_00", "mp_rank_01")
 FAR = ("--save-interval", "100")
 TTP = {"FT_PLUGINS": "ttp,resume"}
-TP_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}  # megatron's argument check demands it for TP > 1
 STEP = 3
 MISSING = "dying-gasp dump never committed: shard mp_rank_01 missing (no survivor holding it wrote it)"
 
 
-def _run(tmp_path_factory: pytest.TempPathFactory, name: str, *args: str, **env: str) -> Job:
-    return run_job(tmp_path_factory.mktemp(name), *TP, *args, nproc=4, **TP_ENV, **env)
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Job:
-    job = _run(tmp_path_factory, "tp_reference", "--save-interval", "1", FT_PLUGINS="none")
-    assert job.returncode == 0, job.output[-3000:]
+    job = TP.reference(tmp_path_factory.mktemp("tp_reference"))
     assert sorted(path.name for path in job.iteration(ITERS).iterdir()) == list(SHARDS)
     return job
 
 
 @pytest.fixture(scope="module")
 def one_lost(tmp_path_factory: pytest.TempPathFactory) -> Job:
-    return _run(tmp_path_factory, "tp_one_lost", *FAR, **TTP, FT_PLUGINS_INJECT_FAULT=f"rank=1,step={STEP},kind=kill")
+    return TP.run(tmp_path_factory.mktemp("tp_one_lost"), *FAR, **TTP,
+                  FT_PLUGINS_INJECT_FAULT=f"rank=1,step={STEP},kind=kill")
 
 
 @pytest.fixture(scope="module")
 def resumed(one_lost: Job) -> Job:
-    return run_job(one_lost.save.parent, *TP, "--load", str(one_lost.save), *FAR, save=one_lost.save, nproc=4, **TP_ENV, **TTP)
+    return TP.resume(one_lost, *FAR, **TTP)
 
 
 @pytest.fixture(scope="module")
 def shard_lost(tmp_path_factory: pytest.TempPathFactory) -> Job:
     """Ranks 1 and 3, both holders of ``mp_rank_01``, killed in the same step; periodic saves every 2 steps."""
-    return _run(tmp_path_factory, "tp_shard_lost", "--save-interval", "2", **TTP,
+    return TP.run(tmp_path_factory.mktemp("tp_shard_lost"), "--save-interval", "2", **TTP,
                 FT_PLUGINS_INJECT_FAULT=f"rank=1,step={STEP},kind=kill;rank=3,step={STEP},kind=kill")
 
 
@@ -84,8 +80,7 @@ def test_both_holders_of_a_shard_lost_nothing_committed_and_the_choice_says_why(
 
 
 def test_resume_falls_back_to_the_periodic_save_with_the_reason(shard_lost: Job) -> None:
-    job = run_job(shard_lost.save.parent, *TP, "--load", str(shard_lost.save), "--save-interval", "2",
-                  save=shard_lost.save, nproc=4, **TP_ENV, **TTP)
+    job = TP.resume(shard_lost, "--save-interval", "2", **TTP)
     assert job.returncode == 0, job.output[-3000:]
     assert [line for line in job.lines(f"iter_{STEP:07d}_tmp") if MISSING in line], job.output[-3000:]
     assert job.lines(f"loading checkpoint from {shard_lost.save} at iteration 2")

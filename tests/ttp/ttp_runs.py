@@ -46,6 +46,28 @@ def run_job(workdir: Path, *args: str, launcher: tuple[str, ...] = (), entry: Pa
     return Job(result.returncode, result.stdout + result.stderr, save)
 
 
+@dataclass(frozen=True)
+class Launch:
+    """The torchrun shape one module's runs share: ranks, Megatron arguments, environment."""
+
+    nproc: int
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+    def run(self, workdir: Path, *args: str, save: Path | None = None, **env: str) -> Job:
+        return run_job(workdir, *self.args, *args, save=save, nproc=self.nproc, **dict(self.env), **env)
+
+    def resume(self, job: Job, *args: str, **env: str) -> Job:
+        """Megatron's plain ``--load`` on ``job``'s save directory: a second launch of the same shape."""
+        return self.run(job.save.parent, "--load", str(job.save), *args, save=job.save, **env)
+
+    def reference(self, workdir: Path, *args: str) -> Job:
+        """The uninterrupted run without ft_plugins, saving every step."""
+        job = self.run(workdir, "--save-interval", "1", *args, FT_PLUGINS="none")
+        assert job.returncode == 0, job.output[-3000:]
+        return job
+
+
 def differences(left: Path, right: Path, rng: bool = True) -> list[str]:
     """Every difference between two Megatron ``model_optim_rng.pt`` files in what a resume reads.
 
@@ -87,7 +109,8 @@ def _compare(a: Any, b: Any, where: str, found: list[str]) -> None:
         found.append(f"{where}: {a!r} != {b!r}")
 
 
-def same_as_reference(job: Job, reference: Job, iteration: int, rng: bool = True, shard: str = "mp_rank_00") -> list[str]:
+def same_as_reference(job: Job, reference: Job, iteration: int, rng: bool = True,
+                      shard: str = "mp_rank_00") -> list[str]:
     model = f"{shard}/model_optim_rng.pt"
     return differences(job.iteration(iteration) / model, reference.iteration(iteration) / model, rng)
 

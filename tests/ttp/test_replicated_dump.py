@@ -1,0 +1,64 @@
+"""The built-in engine with Megatron's distributed optimizer and two replicas: 4 ranks, DP=4, R=2 (real
+torchrun ``pretrain()``, gloo, ``--ckpt-format torch``; the CPU shim carries the distributed optimizer).
+
+Instances are [0, 1] and [2, 3], each holding the whole optimizer state sharded in two. Rank 1 killed:
+rank 0's instance cannot gather its state and writes nothing, the complete instance [2, 3] gathers
+inside its own gloo group and writes ``model_optim_rng.pt`` and ``distrib_optim.pt``, bit for bit the
+uninterrupted run's save of that step; plain ``--load`` ends bit-identical. One rank killed in each
+instance: no instance can gather, nothing is committed, each survivor says why.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from support import assert_bit_identical
+from ttp_runs import ITERS, Job, Launch, committed_dump, resumed_to_the_end, same_as_reference
+
+DISTRIBUTED = Launch(4, ("--use-distributed-optimizer", "--micro-batch-size", "1", "--global-batch-size", "8"))
+FAR = ("--save-interval", "100")
+TTP = {"FT_PLUGINS": "ttp,resume"}  # replicas: auto, 2 with DP=4
+STEP = 3
+OPTIMIZER = "mp_rank_00/distrib_optim.pt"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    """Uninterrupted, without ft_plugins, the same two instances asked for on the command line."""
+    return DISTRIBUTED.reference(tmp_path_factory.mktemp("replicated_reference"),
+                                 "--num-distributed-optimizer-instances", "2")
+
+
+@pytest.fixture(scope="module")
+def one_lost(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    return DISTRIBUTED.run(tmp_path_factory.mktemp("replicated_one_lost"), *FAR, **TTP,
+                           FT_PLUGINS_INJECT_FAULT=f"rank=1,step={STEP},kind=kill")
+
+
+@pytest.fixture(scope="module")
+def resumed(one_lost: Job) -> Job:
+    return DISTRIBUTED.resume(one_lost, *FAR, **TTP)
+
+
+def test_the_complete_instance_dumps_model_and_optimizer_state_bit_for_bit(one_lost: Job, reference: Job) -> None:
+    committed_dump(one_lost, STEP)
+    assert one_lost.lines(f"rank 2 dumped mp_rank_00 of iteration {STEP}"), "the complete instance's first rank"
+    assert one_lost.lines("rank 0 writes nothing: its optimizer instance cannot gather its state")
+    assert same_as_reference(one_lost, reference, STEP) == []
+    assert_bit_identical(reference.iteration(STEP) / OPTIMIZER, one_lost.iteration(STEP) / OPTIMIZER, parts=None)
+
+
+def test_plain_load_resumes_and_ends_bit_identical_optimizer_shards_included(resumed: Job, reference: Job) -> None:
+    resumed_to_the_end(resumed, reference, STEP)
+    assert_bit_identical(reference.iteration(ITERS) / OPTIMIZER, resumed.iteration(ITERS) / OPTIMIZER, parts=None)
+
+
+def test_one_rank_lost_in_each_instance_nothing_committed_and_each_survivor_says_why(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    job = DISTRIBUTED.run(tmp_path_factory.mktemp("replicated_both_hit"), *FAR, **TTP,
+               FT_PLUGINS_INJECT_FAULT=f"rank=1,step={STEP},kind=kill;rank=2,step={STEP},kind=kill")
+    assert job.returncode != 0
+    assert job.tracker() is None and not list(job.save.glob("iter_*")), "nothing written, nothing committed"
+    for survivor in (0, 3):
+        assert job.lines(f"rank {survivor} writes nothing: its optimizer instance cannot gather its state"), \
+            job.output[-3000:]
