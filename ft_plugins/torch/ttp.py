@@ -174,7 +174,7 @@ class BuiltinEngine:
     def _refused(self) -> bool:
         """Whether this run is one the dump cannot serve (said once in the log)."""
         if self._refusal is None:
-            self._refusal = _unsupported(_megatron("training.global_vars").get_args(), self.feature.engine)
+            self._refusal = _unsupported(_megatron("training.global_vars").get_args())
             if self._refusal:
                 log.warning("ttp: the %s engine is off for this run: %s", self.feature.engine, self._refusal)
         return bool(self._refusal)
@@ -375,7 +375,11 @@ class MindioEngine(BuiltinEngine):
         from ft_plugins.replicas import ReplicaLayout
 
         dp_ranks = dist.get_process_group_ranks(_megatron("core.parallel_state").get_data_parallel_group())
-        layout = ReplicaLayout.build(dp_ranks, len(dp_ranks))  # the non-distributed optimizer: every rank holds all
+        megatron_args = _megatron("training.global_vars").get_args()
+        # the distributed optimizer holds each shard once per instance; the non-distributed one, on every rank
+        replicas = (megatron_args.num_distributed_optimizer_instances if megatron_args.use_distributed_optimizer
+                    else len(dp_ranks))
+        layout = ReplicaLayout.build(dp_ranks, replicas)
         handlers = {"save_ckpt": self.save, "rename": self.rename, "exit": self.exit}
         handlers.update({kind: _declined(kind) for kind in ("stop", "clean", "repair", "rollback", "rebuild_group")})
         handlers["stream_sync"] = _synchronize
@@ -451,12 +455,8 @@ def _synchronize(*args: Any) -> None:
         device.synchronize()
 
 
-def _unsupported(megatron_args: Any, engine: str = "builtin") -> str:
+def _unsupported(megatron_args: Any) -> str:
     """Why a survivor cannot write what a save would (empty when it can)."""
-    if getattr(megatron_args, "use_distributed_optimizer", False) and engine != "builtin":
-        return ("--use-distributed-optimizer: the MindIO engine's dump does not write the distributed "
-                "optimizer's state (distrib_optim.pt) yet (use FT_PLUGINS_TTP_ENGINE=builtin or the "
-                "non-distributed optimizer)")
     if getattr(megatron_args, "ckpt_format", "torch") != "torch":
         return f"--ckpt-format {megatron_args.ckpt_format}: the dump writes the torch format (use --ckpt-format torch)"
     if getattr(megatron_args, "data_parallel_random_init", False):

@@ -115,10 +115,7 @@ def test_replicas_data_parallel_cannot_take_warn_and_run_unreplicated_otherwise(
     assert "every optimizer shard has a single holder" in warning
     assert summary.startswith("INFO ttp: distributed optimizer with 1 replica over data-parallel size 4 ")
     assert summary.endswith("8.00 bytes per parameter with mixed precision, against 8.00 unreplicated")
-    assert case["refusal"] == "", "the built-in engine dumps the distributed optimizer (tests/ttp/test_replicated_dump.py)"
-    assert case["mindio_refusal"] == ("--use-distributed-optimizer: the MindIO engine's dump does not write the "
-                                      "distributed optimizer's state (distrib_optim.pt) yet (use "
-                                      "FT_PLUGINS_TTP_ENGINE=builtin or the non-distributed optimizer)")
+    assert case["refusal"] == "", "the dump serves the distributed optimizer (tests/ttp/test_replicated_dump.py)"
 
 
 def test_auto_with_odd_data_parallel_warns_of_single_holders(cases: dict[str, dict]) -> None:
@@ -133,4 +130,4 @@ def test_explicit_count_and_plain_optimizer(cases: dict[str, dict]) -> None:
     assert cases["four"]["log"] == ["INFO ttp: distributed optimizer with 4 replicas over data-parallel size 8 "
                                     "(instances of 2 ranks): optimizer state 12.00 bytes per parameter with mixed "
                                     "precision, against 6.00 unreplicated"]
-    assert cases["plain_optimizer"] == {"instances": 1, "error": None, "log": [], "refusal": "", "mindio_refusal": ""}
+    assert cases["plain_optimizer"] == {"instances": 1, "error": None, "log": [], "refusal": ""}

@@ -5,14 +5,19 @@ Instances are [0, 1] and [2, 3], each holding the whole optimizer state sharded 
 rank 0's instance cannot gather its state and writes nothing, the complete instance [2, 3] gathers
 inside its own gloo group and writes ``model_optim_rng.pt`` and ``distrib_optim.pt``, bit for bit the
 uninterrupted run's save of that step; plain ``--load`` ends bit-identical. One rank killed in each
-instance: no instance can gather, nothing is committed, each survivor says why.
+instance: no instance can gather, nothing is committed, each survivor says why. The MindIO engine
+(with the fake) reports the layout, R=2 over the data-parallel ranks, and its dump after rank 1's loss
+is the same as the built-in engine's.
 """
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 import pytest
 
-from support import assert_bit_identical
+from support import FAKES, assert_bit_identical, read_records
 from ttp_runs import ITERS, Job, Launch, committed_dump, resumed_to_the_end, same_as_reference
 
 DISTRIBUTED = Launch(4, ("--use-distributed-optimizer", "--micro-batch-size", "1", "--global-batch-size", "8"))
@@ -62,3 +67,31 @@ def test_one_rank_lost_in_each_instance_nothing_committed_and_each_survivor_says
     for survivor in (0, 3):
         assert job.lines(f"rank {survivor} writes nothing: its optimizer instance cannot gather its state"), \
             job.output[-3000:]
+
+
+@pytest.fixture(scope="module")
+def mindio_one_lost(tmp_path_factory: pytest.TempPathFactory) -> tuple[Job, list[dict[str, Any]]]:
+    workdir = tmp_path_factory.mktemp("replicated_mindio")
+    record = workdir / "mindio.jsonl"
+    path = os.pathsep.join(filter(None, [str(FAKES), os.environ.get("PYTHONPATH", "")]))
+    job = DISTRIBUTED.run(workdir, *FAR, **TTP, PYTHONPATH=path, FT_FAKE_RECORD=str(record), TTP_ADDR="127.0.0.1",
+                          FT_PLUGINS_INJECT_FAULT=f"rank=1,step={STEP},kind=kill")
+    return job, read_records(record)
+
+
+def test_mindio_engine_reports_two_replicas_over_the_data_parallel_ranks(mindio_one_lost: tuple[Job, list]) -> None:
+    _, calls = mindio_one_lost
+    reported = {c["rank"]: c["args"] for c in calls if c["api"] == "tft_set_optimizer_replica"}
+    assert reported == {str(rank): [rank, repr([{"rank_list": [0, 1, 2, 3], "replica_cnt": 2, "replica_shift": 0}])]
+                        for rank in range(4)}
+    groups = {c["rank"]: c["args"] for c in calls if c["api"] == "tft_set_dp_group_info"}
+    assert groups == {str(rank): [rank, repr([0, 1, 2, 3])] for rank in range(4)}
+
+
+def test_mindio_driven_dump_of_the_complete_instance_is_the_same(mindio_one_lost: tuple[Job, list],
+                                                                  reference: Job) -> None:
+    job, _ = mindio_one_lost
+    committed_dump(job, STEP)
+    assert job.lines(f"MindIO dump of step {STEP}: rank 2 dumped mp_rank_00 of iteration {STEP}")
+    assert same_as_reference(job, reference, STEP) == []
+    assert_bit_identical(reference.iteration(STEP) / OPTIMIZER, job.iteration(STEP) / OPTIMIZER, parts=None)
