@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 import pytest
 
@@ -116,6 +117,7 @@ def test_high_availability_without_mindspeed_llm_leaves_ttp_on_and_says_so(clean
     """MindCluster's operator sets HIGH_AVAILABILITY for any PyTorch job with a recover strategy; on plain
     Megatron nothing reads it, so stepping aside would leave the job without a dying gasp."""
     clean.setenv("HIGH_AVAILABILITY", "dump")
+    clean.delitem(sys.modules, "mindspeed_llm", raising=False)  # imported in-process by an earlier test
     enabled, reason, engine = _ttp({"FT_PLUGINS": "ttp"})
     assert (enabled, engine) == (True, "builtin")
     assert reason.endswith("; HIGH_AVAILABILITY=dump is set, but without MindSpeed-LLM nothing else wires a dump")
