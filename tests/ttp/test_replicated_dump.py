@@ -34,6 +34,13 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Job:
                                  "--num-distributed-optimizer-instances", "2")
 
 
+def test_megatron_alone_trains_and_saves_the_distributed_optimizer_on_cpu(reference: Job) -> None:
+    """What the CPU shim carries (examples/megatron_gpt/cpu_shim.py): every step trained and saved with
+    the optimizer's own shards file; the resumes below show megatron's load of it is bit-identical."""
+    assert [len(reference.lines(f"iteration        {i}/       {ITERS}")) for i in range(1, ITERS + 1)] == [1] * ITERS
+    assert all((reference.iteration(i) / OPTIMIZER).is_file() for i in range(1, ITERS + 1))
+
+
 @pytest.fixture(scope="module")
 def one_lost(tmp_path_factory: pytest.TempPathFactory) -> Job:
     return DISTRIBUTED.run(tmp_path_factory.mktemp("replicated_one_lost"), *FAR, **TTP,
