@@ -62,7 +62,8 @@ class Ttp(Feature):
                "data parallel allows, else 1) or a count dividing the data-parallel size", _parse_replicas),
         Option("addr", "", "PyTorch MindIO engine: controller and processor address (default: CONTROLLER_ADDR / "
                "PROCESSOR_ADDR / TTP_ADDR)"),
-        Option("port", DEFAULT_PORT, "PyTorch MindIO engine: controller port", parse_positive_int),
+        Option("port", 0, f"PyTorch MindIO engine: controller port (default: TTP_PORT, else {DEFAULT_PORT})",
+               parse_positive_int),
         Option("tls_info", "", "PyTorch MindIO engine: MindIO's TLS settings; TLS stays off while empty"),
     )
 

@@ -32,6 +32,7 @@ _REQUIRED = ("tft_init_processor", "tft_start_processor", "tft_register_save_ckp
 CONTROLLER_ADDR_VARS = ("CONTROLLER_ADDR", "TTP_ADDR")
 PROCESSOR_ADDR_VARS = ("PROCESSOR_ADDR", "TTP_ADDR")
 DEFAULT_PORT = 8000
+PORT_VAR = "TTP_PORT"  # MindCluster's job templates set it beside port 8000 (`ttp-port`)
 TASK_ID_VAR = "MINDX_TASK_ID"
 EXPORT_VERSION = "MindSpeed-LLM"  # one of the two values MindIO accepts; selects the Megatron-style dump
 HANDLERS = ("save_ckpt", "rename", "exit", "stop", "clean", "repair", "rollback", "rebuild_group", "stream_sync")
@@ -114,6 +115,12 @@ def endpoint(env: Mapping[str, str], addr: str = "", port: int = 0, tls_info: st
     if not controller or not processor:
         raise VendorUnavailable("no MindIO controller address: set TTP_ADDR (or CONTROLLER_ADDR and PROCESSOR_ADDR) "
                                 "to the master node's IP, or FT_PLUGINS_TTP_ADDR")
+    raw = env.get(PORT_VAR, "").strip()
+    if not port and raw:
+        if not raw.isdigit() or not 0 < int(raw) < 65536:
+            raise VendorUnavailable(f"{PORT_VAR}={raw!r} is not a port number; set it to the controller's port "
+                                    "(MindCluster's templates use 8000) or set FT_PLUGINS_TTP_PORT")
+        port = int(raw)
     return Endpoint(controller, processor, port or DEFAULT_PORT, tls_info)
 
 

@@ -70,12 +70,17 @@ def test_mindio_present_is_chosen_without_importing_it(clean: pytest.MonkeyPatch
 
 
 def test_mindio_addresses_port_and_tls_from_options(clean: pytest.MonkeyPatch) -> None:
+    from ft_plugins.vendors import VendorUnavailable
     from ft_plugins.vendors.mindio import Endpoint, endpoint
 
     clean.syspath_prepend(str(FAKES))
     env = {"CONTROLLER_ADDR": "10.0.0.1", "PROCESSOR_ADDR": "10.0.0.2", "TTP_ADDR": "10.0.0.3"}
     assert endpoint(env) == Endpoint("10.0.0.1", "10.0.0.2", 8000, "")
     assert endpoint({"TTP_ADDR": "10.0.0.3"}) == Endpoint("10.0.0.3", "10.0.0.3", 8000, "")
+    assert endpoint({"TTP_ADDR": "10.0.0.3", "TTP_PORT": "8123"}).port == 8123  # the job template's variable
+    assert endpoint({"TTP_ADDR": "10.0.0.3", "TTP_PORT": "8123"}, port=8100).port == 8100  # FT_PLUGINS_TTP_PORT wins
+    with pytest.raises(VendorUnavailable, match="TTP_PORT='eighty' is not a port number"):
+        endpoint({"TTP_ADDR": "10.0.0.3", "TTP_PORT": "eighty"})
     clean.setenv("TTP_ADDR", "10.0.0.3")
     enabled, reason, _ = _ttp({"FT_PLUGINS": "ttp", "FT_PLUGINS_TTP_ADDR": "10.0.0.9", "FT_PLUGINS_TTP_PORT": "8100",
                                "FT_PLUGINS_TTP_TLS_INFO": "tls.conf"})
