@@ -40,11 +40,6 @@ def one_lost(tmp_path_factory: pytest.TempPathFactory) -> Job:
 
 
 @pytest.fixture(scope="module")
-def resumed(one_lost: Job) -> Job:
-    return TP.resume(one_lost, *FAR, **TTP)
-
-
-@pytest.fixture(scope="module")
 def shard_lost(tmp_path_factory: pytest.TempPathFactory) -> Job:
     """Ranks 1 and 3, both holders of ``mp_rank_01``, killed in the same step; periodic saves every 2 steps."""
     return TP.run(tmp_path_factory.mktemp("tp_shard_lost"), "--save-interval", "2", **TTP,
@@ -59,7 +54,8 @@ def test_one_rank_lost_each_shard_dumped_once_and_committed(one_lost: Job, refer
         assert same_as_reference(one_lost, reference, STEP, shard=shard) == [], shard
 
 
-def test_plain_load_resumes_both_shards_and_ends_bit_identical(resumed: Job, reference: Job) -> None:
+def test_plain_load_resumes_both_shards_and_ends_bit_identical(one_lost: Job, reference: Job) -> None:
+    resumed = TP.resume(one_lost, *FAR, **TTP)
     resumed_to_the_end(resumed, reference, STEP)
     assert same_as_reference(resumed, reference, ITERS, rng=False, shard="mp_rank_01") == []
 
