@@ -21,8 +21,12 @@ from ft_plugins.vendors import cann, taskd
 PRELOAD_VAR = "LD_PRELOAD"
 # with the c10d rendezvous (--standalone too) torch 2.13 shares the launcher's store with the workers of
 # every restart attempt without a per-attempt prefix, so restarted workers read the dead workers' gloo
-# addresses; this gives each attempt its own store (measured: it breaks the static rendezvous instead)
+# addresses; this gives each attempt its own store. Over the static rendezvous restarts are unreliable with or
+# without it (measured: `connectFullMesh failed` or a hang), so there the user is told to switch.
 FRESH_STORE_VAR = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+STATIC_RESTARTS = ("torchrun restarts workers over its static rendezvous, where restarted workers read the "
+                   "dead workers' Gloo addresses and often fail (`connectFullMesh failed`) or hang: launch with "
+                   "--standalone (one node) or --rdzv-backend c10d --rdzv-endpoint HOST:PORT")
 _PYTHON = re.compile(r"python[0-9.]*")
 _BLOCKING_FLAGS = {"I": "-I (isolated mode) ignores PYTHONPATH", "E": "-E ignores PYTHON* variables",
                    "S": "-S skips the site module, so no sitecustomize runs"}
@@ -127,12 +131,13 @@ def without_bootstrap(value: str) -> str:
     return os.pathsep.join(p for p in value.split(os.pathsep) if p and os.path.abspath(p) != BOOTSTRAP_DIR)
 
 
-def restarts_share_a_store(command: Sequence[str]) -> bool:
-    """Whether ``command`` is torchrun restarting workers (``--max-restarts`` > 0) over the c10d rendezvous
-    (``--standalone`` or ``--rdzv-backend c10d``): the launcher's own options, those before the script."""
+def restart_rendezvous(command: Sequence[str]) -> str | None:
+    """The rendezvous backend over which ``command``, torchrun, restarts workers (``--max-restarts`` > 0):
+    ``c10d`` for ``--standalone``, else ``--rdzv-backend`` (torchrun's default: ``static``); None when
+    ``command`` is no restarting torchrun. Only the launcher's own options count, those before the script."""
     if not command or not (os.path.basename(command[0]) == "torchrun"
                            or list(command[1:3]) == ["-m", "torch.distributed.run"]):
-        return False
+        return None
     options: dict[str, str] = {}
     arguments = list(command[1:])
     for index, arg in enumerate(arguments):
@@ -144,8 +149,9 @@ def restarts_share_a_store(command: Sequence[str]) -> bool:
             value = arguments[index + 1]
         options[name] = value
     restarts = options.get("--max-restarts", "0")
-    c10d = "--standalone" in options or options.get("--rdzv-backend") == "c10d"
-    return c10d and restarts.isdigit() and int(restarts) > 0
+    if not (restarts.isdigit() and int(restarts) > 0):
+        return None
+    return "c10d" if "--standalone" in options else options.get("--rdzv-backend", "static")
 
 
 def is_msrun(command: Sequence[str]) -> bool:
@@ -179,7 +185,10 @@ def plan(command: Sequence[str], features: str | None = None, inject_fault: str 
         if warning:
             warnings.append(warning)
     notes = []
-    if restarts_share_a_store(command) and FRESH_STORE_VAR not in base:
+    rendezvous = restart_rendezvous(command)
+    if rendezvous == "static":
+        warnings.append(STATIC_RESTARTS)
+    elif rendezvous == "c10d" and FRESH_STORE_VAR not in base:
         changes[FRESH_STORE_VAR] = "1"
         notes.append(f"{FRESH_STORE_VAR}=1: each torchrun restart attempt gets a fresh rendezvous store, so "
                      "restarted workers never read the dead workers' addresses")

@@ -234,19 +234,25 @@ def test_a_failing_sitecustomize_never_stops_the_command_and_bad_config_stops_be
     assert "ran" not in refused.stdout
 
 
-@pytest.mark.parametrize(("command", "fresh"), [
-    (["torchrun", "--standalone", "--max-restarts", "1", "train.py"], True),
-    (["torchrun", "--rdzv_backend=c10d", "--rdzv-endpoint", "h:1", "--max_restarts=2", "train.py"], True),
-    ([PYTHON, "-m", "torch.distributed.run", "--standalone", "--max-restarts=1", "train.py"], True),
-    (["torchrun", "--standalone", "--max-restarts", "0", "train.py"], False),
-    (["torchrun", "--max-restarts", "1", "train.py"], False),  # static rendezvous: the variable breaks it
-    (["torchrun", "--standalone", "train.py", "--max-restarts", "3"], False),  # the script's own argument
-    (["python", "train.py", "--standalone", "--max-restarts", "3"], False),
+@pytest.mark.parametrize(("command", "fresh", "static"), [
+    (["torchrun", "--standalone", "--max-restarts", "1", "train.py"], True, False),
+    (["torchrun", "--rdzv_backend=c10d", "--rdzv-endpoint", "h:1", "--max_restarts=2", "train.py"], True, False),
+    ([PYTHON, "-m", "torch.distributed.run", "--standalone", "--max-restarts=1", "train.py"], True, False),
+    (["torchrun", "--standalone", "--max-restarts", "0", "train.py"], False, False),
+    (["torchrun", "--max-restarts", "1", "train.py"], False, True),  # torchrun's default rendezvous
+    (["torchrun", "--rdzv-backend", "static", "--max-restarts=1", "--nnodes", "2", "train.py"], False, True),
+    (["torchrun", "--max-restarts", "0", "train.py"], False, False),
+    (["torchrun", "--standalone", "train.py", "--max-restarts", "3"], False, False),  # the script's own argument
+    (["python", "train.py", "--standalone", "--max-restarts", "3"], False, False),
 ])
-def test_torchrun_restarts_over_c10d_get_a_fresh_store_per_attempt(command: list[str], fresh: bool) -> None:
+def test_torchrun_restarts_over_c10d_get_a_fresh_store_and_over_static_a_warning(
+        command: list[str], fresh: bool, static: bool) -> None:
     plan = environment.plan(command, env={"PATH": os.environ["PATH"]})
     assert (plan.changes.get(environment.FRESH_STORE_VAR) == "1") is fresh
     assert bool(plan.notes) is fresh
+    assert (environment.STATIC_RESTARTS in plan.warnings) is static
+    if static:
+        assert "--standalone" in environment.STATIC_RESTARTS and "--rdzv-backend c10d" in environment.STATIC_RESTARTS
 
 
 def test_a_store_setting_the_user_made_wins() -> None:
