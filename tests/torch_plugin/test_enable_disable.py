@@ -145,13 +145,21 @@ def test_bad_configuration_is_one_clear_error_and_the_import_still_succeeds() ->
 
 
 def test_import_loads_neither_torch_npu_nor_mindspore() -> None:
-    """Nor what is imported on first use only (checkpoint logic, replica layout, the dump engine)."""
-    lazy = ('torch_npu', 'mindspore', 'megatron', 'ft_plugins.checkpoint.select', 'ft_plugins.checkpoint.layouts',
-            'ft_plugins.replicas', 'ft_plugins.torch.ttp', 'ft_plugins.steps', 'ft_plugins.triggers')
-    code = f"import sys, ft_plugins.torch; print(sorted(m for m in {lazy!r} if m in sys.modules))"
-    result = _python(code, FT_PLUGINS="auto")
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]"
+    """Nor MindIO (its wheel imports torch_npu) with ttp's MindIO engine on, nor, with the features ``auto``
+    finds here, what is imported on first use only (checkpoint logic, replica layout, the dump engine). The
+    fakes make torch_npu and mindio_ttp importable, so a stray import shows (the control proves the probe sees
+    one). mstx is left out: on an Ascend node its backend is torch_npu's own mstx, found at start."""
+    probe = "import sys, ft_plugins.torch; print(sorted(m for m in {!r} if m in sys.modules))"
+    vendors = probe.format(('torch_npu', 'mindio_ttp', 'mindspore', 'megatron'))
+    features = {"FT_PLUGINS": "taskd,ttp,resume", "TTP_ADDR": "127.0.0.1"}  # ttp's engine: mindio, found
+    result = _python(vendors, FAKES, **features)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
+    control = _python("import mindio_ttp; " + vendors, FAKES, **features)
+    assert control.stdout.strip() == "['mindio_ttp']", control.stderr
+    lazy = probe.format(('mindspore', 'megatron', 'ft_plugins.checkpoint.select', 'ft_plugins.checkpoint.layouts',
+                         'ft_plugins.replicas', 'ft_plugins.torch.ttp', 'ft_plugins.steps', 'ft_plugins.triggers'))
+    result = _python(lazy, FT_PLUGINS="auto")
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
 
 
 def test_hooks_without_a_rank_warn_once_and_start_nothing(tmp_path) -> None:
