@@ -202,26 +202,26 @@ def launcher_counts(command: Sequence[str], env: Mapping[str, str]) -> tuple[int
     return None, None
 
 
-UNKNOWN_MASTER_PORT = ("TaskD's agent in torchrun hands its own MASTER_ADDR/MASTER_PORT to the workers, but torchrun "
-                       "picks this job's port at run time (--standalone, or one node without --master-port): "
-                       "pass --master-addr and --master-port, or --rdzv-backend c10d --rdzv-endpoint HOST:PORT")
+TASKD_NEEDS_STATIC = ("TaskD's agent in torchrun works over the static rendezvous only (over c10d, --standalone and "
+                      "one node without --master-port included, it fails: 'DynamicRendezvousHandler' object has no "
+                      "attribute 'rank') and hands its own MASTER_ADDR/MASTER_PORT to the workers: launch torchrun "
+                      "with --master-addr and --master-port")
 
 
 def taskd_master(command: Sequence[str], env: Mapping[str, str]) -> dict[str, str] | None:
-    """MASTER_ADDR and MASTER_PORT from torchrun's options, where TaskD's patched agent reads them (torch's
-    own agent takes them from the rendezvous): the static rendezvous' --master-addr/--master-port, else the
-    c10d store at --rdzv-endpoint. None when torchrun picks the port at run time."""
+    """MASTER_ADDR and MASTER_PORT for TaskD's patched agent, which gives the workers its own (torch's agent
+    takes them from the rendezvous): the static rendezvous' --master-addr/--master-port (or its
+    --rdzv-endpoint). None when torchrun will not use the static rendezvous, where TaskD's agent fails."""
     options = launcher_options(command)
-    backend = "c10d" if "--standalone" in options else torchrun_option(options, env, "--rdzv-backend", "static")
-    endpoint = "" if "--standalone" in options else torchrun_option(options, env, "--rdzv-endpoint")
-    if backend == "static" and not endpoint:
+    if "--standalone" in options or torchrun_option(options, env, "--rdzv-backend", "static") != "static":
+        return None
+    endpoint = torchrun_option(options, env, "--rdzv-endpoint")
+    if not endpoint:
         port = torchrun_option(options, env, "--master-port")
         if not port and torchrun_option(options, env, "--nnodes", "1").rpartition(":")[2] != "1":
-            port = "29500"  # torchrun's default beyond one node; on one node it takes a free port instead
+            port = "29500"  # torchrun's default beyond one node; one node without a port goes to c10d instead
         endpoint = f"{torchrun_option(options, env, '--master-addr', '127.0.0.1')}:{port}" if port else ""
-    host, colon, port = endpoint.rpartition(":")
-    if not colon:
-        host, port = endpoint, "29400"  # the c10d store's default port
+    host, _, port = endpoint.rpartition(":")
     if not host or _whole(port) is None:
         return None
     return {"MASTER_ADDR": host.strip("[]"), "MASTER_PORT": port}
@@ -259,15 +259,17 @@ def plan(command: Sequence[str], features: str | None = None, inject_fault: str 
         if warning:
             warnings.append(warning)
     notes = []
-    if libtaskd[0] is not None and is_torchrun(command):
+    taskd_agent = libtaskd[0] is not None and is_torchrun(command)
+    if taskd_agent:
         master = taskd_master(command, base)
         if master is None:
-            warnings.append(UNKNOWN_MASTER_PORT)
+            warnings.append(TASKD_NEEDS_STATIC)
         elif any(base.get(name) != value for name, value in master.items()):
             changes.update(master)
             notes.append(f"MASTER_ADDR={master['MASTER_ADDR']} MASTER_PORT={master['MASTER_PORT']} from torchrun's "
                          "options: TaskD's agent hands these to the workers")
-    rendezvous = restart_rendezvous(command)
+    # under TaskD its agent restarts workers on its manager's command, and only over the static rendezvous
+    rendezvous = None if taskd_agent else restart_rendezvous(command)
     if rendezvous == "static":
         warnings.append(STATIC_RESTARTS)
     elif rendezvous == "c10d" and FRESH_STORE_VAR not in base:

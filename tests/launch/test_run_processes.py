@@ -279,9 +279,9 @@ def test_node_and_process_counts_from_the_launchers_flags(command: list[str], co
     (["torchrun", "--master_port=29614", "t.py"], {}, ("127.0.0.1", "29614")),
     (["torchrun", "t.py"], {"PET_MASTER_PORT": "2000", "PET_MASTER_ADDR": "h"}, ("h", "2000")),  # torchrun reads PET_*
     (["torchrun", "--nnodes", "2", "--master-addr", "h", "t.py"], {}, ("h", "29500")),  # its default beyond one node
-    (["torchrun", "--rdzv-backend", "c10d", "--rdzv-endpoint", "node0:3000", "t.py"], {}, ("node0", "3000")),
-    (["torchrun", "--rdzv-backend=c10d", "--rdzv-endpoint=node0", "t.py"], {}, ("node0", "29400")),
-    (["torchrun", "--nproc-per-node", "2", "t.py"], {}, None),  # one node, no port: torchrun picks one at run time
+    (["torchrun", "--rdzv-endpoint", "node0:3000", "t.py"], {}, ("node0", "3000")),  # static, its endpoint given
+    (["torchrun", "--rdzv-backend", "c10d", "--rdzv-endpoint", "node0:3000", "t.py"], {}, None),  # TaskD fails there
+    (["torchrun", "--nproc-per-node", "2", "t.py"], {}, None),  # one node, no port: torchrun goes to c10d
     (["torchrun", "--standalone", "--master-port", "29614", "t.py"], {}, None),
 ])
 def test_master_address_for_taskd_from_torchruns_flags(command: list[str], env: dict, master: tuple | None) -> None:
@@ -300,5 +300,6 @@ def test_run_gives_taskd_the_master_address_and_the_manager_the_launchers_counts
                    dict(env, WORLD_SIZE="16", LOCAL_WORLD_SIZE="8"), tmp_path)
     assert "--nodes 2 --procs-per-node 8 &" in msrun.stdout  # the operator's variables win over the flags
     assert "MASTER_PORT" not in msrun.stdout
-    standalone = ft_run(["--dry-run", "--", "torchrun", "--standalone", "--nproc-per-node", "2", "train.py"], env, tmp_path)
-    assert environment.UNKNOWN_MASTER_PORT in standalone.stderr and "MASTER_PORT" not in standalone.stdout
+    standalone = ft_run(["--dry-run", "--", "torchrun", "--standalone", "--max-restarts", "1", "train.py"], env, tmp_path)
+    assert environment.TASKD_NEEDS_STATIC in standalone.stderr and "MASTER_PORT" not in standalone.stdout
+    assert environment.FRESH_STORE_VAR not in standalone.stdout  # no c10d advice or set-up for TaskD's agent
