@@ -194,16 +194,30 @@ class _Job:
             self.add_keys(current, missing, f"{what}.{key}")
 
     def ensure_port(self, container: Any, port: int, name: str, where: str) -> None:
-        ports = container.get("ports") or []
-        if any(str(item.get("containerPort")) == str(port) for item in ports if hasattr(item, "get")):
+        ports = _entries(container, "ports", where)
+        if any(str(item.get("containerPort")) == str(port) for item in ports):
             return
         self.append_item(container, "ports", [f"containerPort: {port}", f"name: {name}"], where)
 
     def ensure_env(self, container: Any, name: str, rel_lines: list[str], where: str) -> None:
-        env = container.get("env") or []
-        if any(hasattr(item, "get") and item.get("name") == name for item in env):
+        env = _entries(container, "env", where)
+        if any(item.get("name") == name for item in env):
             return
         self.append_item(container, "env", [f"name: {name}", *rel_lines], where)
+
+
+def _entries(container: Any, key: str, where: str) -> list[Any]:
+    """A container's ``ports`` / ``env`` list (empty when absent); JobFileRefused when it or an entry is malformed."""
+    entries = container.get(key)
+    if entries is None:
+        return []
+    if not isinstance(entries, list):
+        raise JobFileRefused(f"{where}: {key} is a {type(entries).__name__}, not a list of entries")
+    for index, entry in enumerate(entries):
+        if not hasattr(entry, "get"):
+            shown = "empty" if entry is None else f"a {type(entry).__name__}"
+            raise JobFileRefused(f"{where}: {key}[{index}] is {shown}, not a mapping; fix the entry and run again")
+    return entries
 
 
 def _mapping(node: Any, path: str, job: str) -> Any:
@@ -292,8 +306,13 @@ def edit(text: str, options: Options) -> tuple[str, list[str]]:
     if "elastic-training" in options.recover_strategy:
         notes.append("elastic-training also needs MINDIO_WAIT_MINDX_TIME in each training container's env "
                      "(not added: choose the wait for your cluster)")
-    out = edits.apply()
-    return newline.join(out + ([""] if final_newline else [])), notes
+    result = newline.join(edits.apply() + ([""] if final_newline else []))
+    try:  # never print a file that no longer reads as YAML: a shape the placing above did not foresee
+        list(YAML(typ="rt").load_all(result))
+    except YAMLError:
+        raise JobFileRefused("the edited file would not be valid YAML (a block this command cannot place entries "
+                             "in); add the settings by hand") from None
+    return result, notes
 
 
 def _edit_job(job: _Job, options: Options, where: str) -> None:

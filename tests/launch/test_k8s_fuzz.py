@@ -18,7 +18,7 @@ from support import PYTHON
 
 from ft_plugins.launch import k8s
 
-FUZZ = settings(derandomize=True, max_examples=60, deadline=None, database=None,
+FUZZ = settings(derandomize=True, max_examples=150, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow])
 KEYS = ("metadata", "name", "spec", "replicaSpecs", "Worker", "template", "containers", "ports", "env", "labels",
         "annotations", "tasks", "containerPort", "value", "kind")
@@ -76,7 +76,7 @@ def _containers(doc: Any) -> list[Any]:
     spec = doc["spec"]
     if doc["kind"] == "AscendJob":
         return [c for replica in spec["replicaSpecs"].values() for c in replica["template"]["spec"]["containers"]
-                if c["name"] == "ascend"]
+                if c.get("name") == "ascend"]
     return [c for task in spec["tasks"] for c in task["template"]["spec"]["containers"]]
 
 
