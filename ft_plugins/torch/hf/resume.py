@@ -19,7 +19,6 @@ import re
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
-from ft_plugins.checkpoint.manifest import MANIFEST
 from ft_plugins.features import resume as resume_feature
 from ft_plugins.patching import Patch
 from ft_plugins.torch.hf.agree import agree, barrier
@@ -32,6 +31,9 @@ STEP = re.compile(r"checkpoint[-_](\d+)$")
 
 
 def committed(path: str) -> bool:
+    """Whether the save at ``path`` has its commit manifest (the checkpoint package loads on first use)."""
+    from ft_plugins.checkpoint.manifest import MANIFEST
+
     return os.path.exists(os.path.join(path, MANIFEST))
 
 
@@ -153,6 +155,8 @@ class TrainerResume:
 def _clear_stale_records(checkpoint: str) -> None:
     """Before a save into an existing (damaged, skipped) ``checkpoint-N``: its old manifest and v5 marker
     go, so they describe nothing of the new save."""
+    from ft_plugins.checkpoint.manifest import MANIFEST
+
     for name in (MANIFEST, INCOMPLETE_MARKER):
         try:
             os.unlink(os.path.join(checkpoint, name))
