@@ -49,6 +49,7 @@ class Resume(Feature):
         from ft_plugins.checkpoint.select import find_latest
 
         selection = find_latest(directory, format, rank=rank, deep=self.settings["deep"])
+        self.loaded = selection
         for skipped in selection.skipped:
             log.warning("resume: skipped %s: %s", skipped.path, skipped.reason)
         if selection.path is not None:
@@ -64,7 +65,6 @@ class Resume(Feature):
                     [(skipped.path, skipped.reason) for skipped in selection.skipped])
             log.warning("resume: no intact checkpoint in %s; starting from scratch (allow_scratch is on)",
                         directory)
-        self.loaded = selection
         return selection
 
     def commit(self, checkpoint: str) -> str | None:
