@@ -13,6 +13,8 @@ import sys
 import time
 from typing import Mapping, Sequence
 
+from ft_plugins.processes import all_pids, status
+
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 MANAGER_STOP_TIMEOUT = 10.0
@@ -114,20 +116,8 @@ def _adopt_orphans() -> None:
 
 
 def _processes() -> list[tuple[int, int, bool]]:
-    """(pid, parent pid, exited) of every process in ``/proc``; empty where there is no ``/proc``."""
-    try:
-        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
-    except OSError:
-        return []
-    found = []
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as handle:
-                fields = handle.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        found.append((pid, int(fields[1]), fields[0] in (b"Z", b"X")))
-    return found
+    """(pid, parent pid, exited) of every process."""
+    return [(pid, found[1], found[0]) for pid in all_pids() if (found := status(pid)) is not None]
 
 
 def descendants(root: int) -> list[int]:
@@ -172,3 +162,14 @@ def _reap(command: int) -> None:
                 os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
                 pass
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(MANAGER_STOP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

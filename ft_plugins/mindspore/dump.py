@@ -39,6 +39,7 @@ from ft_plugins.features.resume import Resume
 from ft_plugins.features.ttp import Ttp
 from ft_plugins.logs import exit_now
 from ft_plugins.mindspore.base import checkpoint_callback, global_rank, save_root
+from ft_plugins.processes import alive, all_pids, status
 from ft_plugins.runtime import Runtime
 
 log = logging.getLogger("ft_plugins.ttp")
@@ -120,7 +121,7 @@ class DumpEngine:
         while not self.stopped.wait(POLL):
             started, snapshot, now = self.step_started, self.snapshot, time.monotonic()
             if lost_at is None:
-                lost = [pid for pid in self.peers if not _alive(pid)] if started is not None else []
+                lost = [pid for pid in self.peers if not alive(pid)] if started is not None else []
                 if lost:
                     lost_at, self.peers = now, [pid for pid in self.peers if pid not in lost]
                     reason = f"worker process {', '.join(map(str, lost))} of this node exited"
@@ -247,29 +248,19 @@ def _local_peers() -> list[int]:
     try:
         with open(f"/proc/{me}/cmdline", "rb") as handle:
             command = handle.read()
-        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
     except OSError:
         return []
     peers = []
-    for pid in pids:
+    for pid in all_pids():
+        found = status(pid)
+        if pid == me or found is None or found[1] != parent:
+            continue
         try:
-            with open(f"/proc/{pid}/stat", "rb") as handle:
-                if pid == me or int(handle.read().rsplit(b")", 1)[1].split()[1]) != parent:
-                    continue
             with open(f"/proc/{pid}/cmdline", "rb") as handle:
                 same = handle.read() == command
             with open(f"/proc/{pid}/environ", "rb") as handle:
                 if same and b"MS_ROLE=MS_WORKER" in handle.read().split(b"\0"):
                     peers.append(pid)
-        except (OSError, ValueError, IndexError):
+        except OSError:
             continue
     return peers
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` still runs: an exited process stays a zombie until msrun collects it."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except OSError:
-        return False

@@ -15,6 +15,8 @@ import numpy as np
 
 from support import PYTHON, REPO, free_port
 
+from ft_plugins.processes import alive
+
 MSRUN = str(Path(PYTHON).with_name("msrun"))
 SCRIPT = Path(__file__).resolve().parent / "fixtures" / "msrun_train.py"
 STEPS = 24
@@ -142,15 +144,6 @@ def log_tails(job: Job) -> list[int]:
         if os.path.basename(argv[0]) == b"tail" and any(str(job.logs).encode() in arg for arg in argv):
             found.append(int(name))
     return [pid for pid in found if alive(pid)]
-
-
-def alive(pid: int) -> bool:
-    """Running, not a zombie waiting for its parent."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except OSError:
-        return False
 
 
 def wait_gone(pids: list[int], timeout: float = 180) -> None:
