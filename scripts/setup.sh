@@ -5,6 +5,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3.11}"
 VENV=.venv
+# gcc: the launcher tests build stub shared libraries, and TaskD's libtaskd.so is built with cgo
+if ! command -v gcc >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "installing gcc (apt-get)..."
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc >/dev/null
+  else
+    echo "setup.sh: gcc is needed (launcher tests, TaskD's libtaskd.so): install it, e.g. apt-get install gcc" >&2
+    exit 1
+  fi
+fi
 STAMP="$VENV/.ft_plugins_setup"
 want="$(cat scripts/requirements.txt scripts/setup.sh | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]; then
@@ -38,5 +48,25 @@ if [ ! -f "$NEWER_MEGATRON/.installed" ]; then
   touch "$NEWER_MEGATRON/.installed"
   echo "installed megatron-core 0.19.0 + triton in $NEWER_MEGATRON: $((SECONDS - started)) s," \
     "$(du -sh "$NEWER_MEGATRON" | cut -f1)"
+fi
+# The real MindCluster TaskD (its Python package and libtaskd.so), built offline from the vendored source
+# beside the repository; rebuilt only when that tarball or its build script changes. Never on sys.path:
+# under FT_PLUGINS=auto an importable taskd switches the taskd feature on everywhere, so only the tests
+# that want the real TaskD put $REAL_TASKD/pythonpath's directory on PYTHONPATH.
+TASKD_VENDOR="${FT_PLUGINS_TASKD_VENDOR:-../shared/vendor/taskd}"
+REAL_TASKD="$VENV/taskd"
+if [ ! -f "$TASKD_VENDOR/build.sh" ]; then
+  echo "setup.sh: $TASKD_VENDOR/build.sh is missing (the vendored TaskD; set FT_PLUGINS_TASKD_VENDOR to its directory)" >&2
+  exit 1
+fi
+taskd_want="$(cat "$TASKD_VENDOR/build.sh" "$TASKD_VENDOR"/mind-cluster-taskd-*-vendored.tar.gz | sha256sum | cut -d' ' -f1)"
+if [ "$(cat "$REAL_TASKD/.built" 2>/dev/null)" != "$taskd_want" ]; then
+  started=$SECONDS
+  rm -rf "$REAL_TASKD"
+  bash "$TASKD_VENDOR/build.sh" "$REAL_TASKD" "$VENV/bin/python" > "$REAL_TASKD.pythonpath"
+  mv "$REAL_TASKD.pythonpath" "$REAL_TASKD/pythonpath"
+  rm -rf "$REAL_TASKD/go" "$REAL_TASKD/gocache" "$REAL_TASKD/gopath"  # the toolchain: ~400 MB, not needed once built
+  echo "$taskd_want" > "$REAL_TASKD/.built"
+  echo "built the real TaskD (libtaskd.so) in $REAL_TASKD: $((SECONDS - started)) s"
 fi
 "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -e .

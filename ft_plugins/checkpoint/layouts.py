@@ -402,10 +402,13 @@ class MindFormersIterations(Layout):
 
 class HuggingFace(Layout):
     """Hugging Face Trainer: ``checkpoint-N/`` with ``trainer_state.json``, the weights (safetensors,
-    ``pytorch_model.bin`` or sharded with an index), and optimizer/scheduler/RNG state."""
+    ``pytorch_model.bin`` or sharded with an index), and optimizer/scheduler/RNG state; Accelerate's
+    ``save_state``: ``checkpoint_N/`` (weights, optimizer, scheduler, ``random_states_*``). transformers
+    v5 leaves ``checkpoint-is-incomplete.txt`` in a just-in-time save until it is complete."""
 
     name = "hf"
-    CHECKPOINT = re.compile(r"^(tmp-)?checkpoint-(\d+)$")
+    CHECKPOINT = re.compile(r"^(tmp-)?checkpoint([-_])(\d+)$")
+    INCOMPLETE = "checkpoint-is-incomplete.txt"
     WEIGHTS = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
                "pytorch_model.bin.index.json", "adapter_model.safetensors", "adapter_model.bin")
 
@@ -414,7 +417,7 @@ class HuggingFace(Layout):
         for entry in _dirs(entries):
             match = self.CHECKPOINT.match(entry.name)
             if match:
-                step, temporary = int(match.group(2)), bool(match.group(1))
+                step, temporary = int(match.group(3)), bool(match.group(1))
                 candidate = Candidate(entry.path, (step, 0 if temporary else 1), step,
                                       manifests=_manifest_inside(entry.path))
                 if temporary:
@@ -425,9 +428,12 @@ class HuggingFace(Layout):
 
     def contents(self, candidate: Candidate) -> tuple[dict[str, str], list[str]]:
         names = {entry.name for entry in _listdir(candidate.path) if _is(entry, "is_file")} - {MANIFEST}
-        files = {name: os.path.join(candidate.path, name) for name in names}
-        files["trainer_state.json"] = os.path.join(candidate.path, "trainer_state.json")
+        files = {name: os.path.join(candidate.path, name) for name in names - {self.INCOMPLETE}}
+        if os.path.basename(candidate.path).startswith(("checkpoint-", "tmp-checkpoint-")):
+            files["trainer_state.json"] = os.path.join(candidate.path, "trainer_state.json")
         problems = [] if names & set(self.WEIGHTS) else ["no model weights (model.safetensors, pytorch_model.bin, ...)"]
+        if self.INCOMPLETE in names:
+            problems.append(f"{self.INCOMPLETE} present: the save did not complete")
         for index in names & {"model.safetensors.index.json", "pytorch_model.bin.index.json"}:
             try:
                 table = read_json(files[index])

@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         plan = environment.plan(command, args.features, args.inject_fault)
-        manager = _manager_command(plan.env) if args.manager else None
+        manager = _manager_command(command, plan.env) if args.manager else None
     except ConfigError as exc:
         print(f"ft-plugins run: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -53,14 +53,25 @@ def run(args: argparse.Namespace) -> int:
     return process.run_beside(command, plan.env, manager, manager_env)
 
 
-def _manager_command(env: dict[str, str]) -> list[str] | None:
-    """``ft-plugins manager`` for this pod, checked now so a bad config stops before the job starts;
-    None on a pod that is not the master."""
+# what `run` cannot take as flags: the job id and the counts come from the environment or the launcher's own flags
+RUN_FIXES = {"job_id": "set MINDX_TASK_ID (the Ascend operator sets it)",
+             "node_nums": "give the launcher a whole node count (torchrun --nnodes N; msrun --worker_num and "
+                          "--local_worker_num), or set WORLD_SIZE and LOCAL_WORLD_SIZE",
+             "proc_per_node": "give the launcher a whole count of processes per node (torchrun --nproc-per-node N; "
+                              "msrun --local_worker_num), or set LOCAL_WORLD_SIZE"}
+
+
+def _manager_command(command: list[str], env: dict[str, str]) -> list[str] | None:
+    """``ft-plugins manager`` for this pod with its config in flags (counts from the operator's variables,
+    else the launcher's flags), checked now so a bad config stops before the job starts; None on a pod
+    that is not the master."""
+    from ft_plugins.launch import environment
     from ft_plugins.vendors import taskd
 
     master, why = taskd.is_master(env)
     if not master:
         print(f"ft-plugins run: no TaskD manager on this pod: {why}", file=sys.stderr)
         return None
-    taskd.manager_config(env)
-    return [sys.executable, "-m", "ft_plugins.cli", "manager"]
+    config = taskd.manager_config(env, launched=environment.launcher_counts(command, env), fixes=RUN_FIXES)
+    return [sys.executable, "-m", "ft_plugins.cli", "manager", "--job-id", config["job_id"],
+            "--nodes", str(config["node_nums"]), "--procs-per-node", str(config["proc_per_node"])]

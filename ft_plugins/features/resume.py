@@ -66,6 +66,7 @@ class Resume(Feature):
         from ft_plugins.checkpoint import find_latest
 
         selection = find_latest(directory, format, rank=rank, deep=self.settings["deep"])
+        self.loaded = selection
         for skipped in selection.skipped:
             log.warning("resume: skipped %s: %s", skipped.path, skipped.reason)
         if selection.path is not None:
@@ -80,7 +81,6 @@ class Resume(Feature):
                     "fix or remove them, or set FT_PLUGINS_RESUME_ALLOW_SCRATCH=1 to start from scratch")
             log.warning("resume: no intact checkpoint in %s; starting from scratch (allow_scratch is on)",
                         directory)
-        self.loaded = selection
         return selection
 
     def commit(self, checkpoint: str) -> str | None:

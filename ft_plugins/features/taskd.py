@@ -6,7 +6,7 @@ import logging
 
 from ft_plugins.config import Option, parse_positive_int
 from ft_plugins.features.base import Feature
-from ft_plugins.vendors.taskd import TaskdWorker, load_worker_api, patch_torchrun_agent
+from ft_plugins.vendors.taskd import TaskdWorker, load_worker_api, patch_torchrun_agent, warn_without_manager
 
 log = logging.getLogger("ft_plugins.taskd")
 
@@ -16,6 +16,8 @@ class Taskd(Feature):
     summary = "TaskD worker for process recovery and slow-node profiling"
     options = (
         Option("disk_limit_mb", 5000, "disk budget in MB for TaskD's profiling output", parse_positive_int),
+        Option("manager_wait_s", 60, "seconds torchrun's TaskD agent may wait for a manager before a warning",
+               parse_positive_int),
     )
 
     def start(self) -> str:
@@ -39,6 +41,7 @@ class Taskd(Feature):
             return False
         try:
             adapted = patch_torchrun_agent()
+            warn_without_manager(self.settings["manager_wait_s"])
         except Exception as exc:  # the launcher must start regardless
             log.warning("taskd: torchrun agent patch not applied: %s", exc)
             return False

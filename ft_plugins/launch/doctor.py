@@ -6,6 +6,7 @@ imported to compare signatures and torch's ``launch_agent`` is put back at once.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.machinery
 import importlib.metadata
@@ -13,6 +14,7 @@ import importlib.util
 import os
 import shutil
 import sys
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
@@ -71,9 +73,9 @@ def check_versions(env: Mapping[str, str]) -> Iterator[Check]:
                         f"upgrade {distribution} to {minimum} or newer")
         else:
             yield Check(name, OK, found)
-    found = _version("taskd")
     root = taskd.package_dir()
     if root is not None and not taskd.is_placeholder(root):
+        found = _version("taskd") or taskd.version(root)
         if found and _at_least(found, taskd.PROFILING_MIN_VERSION) is False:
             yield Check("TaskD version", WARN, f"{found}: lightweight profiling needs {taskd.PROFILING_MIN_VERSION}",
                         "install the taskd wheel of MindCluster 7.1.RC1 or newer")
@@ -108,10 +110,13 @@ def check_preload(env: Mapping[str, str]) -> Iterator[Check]:
         if not os.path.exists(entry):
             yield Check("LD_PRELOAD entry", WARN, f"{entry} does not exist (the loader skips it with an error "
                         "in every process)", "remove it from LD_PRELOAD")
-    if taskd.package_dir() is None:
-        return  # both libraries serve TaskD's profiling
+    if not taskd.installed():
+        return
     resolved = {os.path.realpath(entry): entry for entry in entries}
     for label, (path, why) in (("libtaskd.so", taskd.library()), ("libmspti.so", cann.mspti_library(env))):
+        if path is None and label == "libtaskd.so":
+            yield Check(label, FAIL, f"{why}: TaskD's worker, agent and manager cannot start", taskd.LIBRARY_FIX)
+            continue
         if path is None:
             yield Check(label, WARN, why, "needed for TaskD's lightweight profiling")
             continue
@@ -126,6 +131,23 @@ def check_preload(env: Mapping[str, str]) -> Iterator[Check]:
             yield Check(label, OK, f"{given} in LD_PRELOAD")
 
 
+@contextlib.contextmanager
+def taskd_log_elsewhere() -> Iterator[None]:
+    """TaskD's modules open their log on import, in ``./taskd_log`` unless TASKD_LOG_PATH says otherwise, and
+    echo it on stdout: for doctor's probe both go to a temporary directory, removed after."""
+    saved = {name: os.environ.get(name) for name in ("TASKD_LOG_PATH", "TASKD_LOG_STDOUT")}
+    with tempfile.TemporaryDirectory(prefix="ft_plugins-doctor-") as scratch:
+        os.environ.update(TASKD_LOG_PATH=os.path.join(scratch, "taskd_log"), TASKD_LOG_STDOUT="False")
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
 def check_launch_agent(env: Mapping[str, str]) -> Iterator[Check]:
     root = taskd.package_dir()
     if root is None or taskd.is_placeholder(root) or importlib.util.find_spec("torch") is None:
@@ -136,7 +158,8 @@ def check_launch_agent(env: Mapping[str, str]) -> Iterator[Check]:
     sed_edited = TASKD_SED_LINE in run_py.read_text(errors="replace")
     original = api.launch_agent
     try:
-        importlib.import_module(taskd.TORCHRUN_AGENT_PATCH)
+        with taskd_log_elsewhere():
+            importlib.import_module(taskd.TORCHRUN_AGENT_PATCH)
         gap = taskd.launch_agent_gap(api.launch_agent, original)
     except Exception as exc:
         yield Check("TaskD torchrun patch", WARN, f"{taskd.TORCHRUN_AGENT_PATCH} cannot be imported: {exc}",

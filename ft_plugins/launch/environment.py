@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Mapping, Sequence
 
 from ft_plugins import config
@@ -49,24 +50,36 @@ def resolve(features: str | None, env: Mapping[str, str]) -> config.Config:
     return config.load(declared_options(), env=env, select=features)
 
 
-def preload(cfg: config.Config, env: Mapping[str, str]) -> tuple[list[str], list[str]]:
+def taskd_library(cfg: config.Config) -> tuple[Path | None, str | None]:
+    """The job's ``libtaskd.so`` when TaskD will run; else None and, when that is a problem (asked for, or
+    an installed TaskD whose library is missing or unloadable: TaskD stays off), why with the fix."""
+    wanted = cfg.requested("taskd")
+    if wanted is False:
+        return None, None
+    path, why_not = taskd.library()
+    if path is None and (wanted or taskd.installed()):
+        return None, f"{why_not}, so TaskD stays off ({taskd.LIBRARY_FIX})"
+    return path, None
+
+
+def preload(cfg: config.Config, env: Mapping[str, str],
+            libtaskd: tuple[Path | None, str | None] | None = None) -> tuple[list[str], list[str]]:
     """Libraries the selected features need in ``LD_PRELOAD`` (libmspti, then libtaskd, as TaskD's guide
-    orders them) and what is missing. In ``auto`` mode an absent runtime is simply off, not missing."""
-    wanted_taskd, wanted_mstx = cfg.requested("taskd"), cfg.requested("mstx")
-    if wanted_taskd is False:
+    orders them) and what is missing; ``libtaskd``: :func:`taskd_library`, when known. In ``auto`` mode an
+    absent runtime is simply off, not missing."""
+    path, problem = taskd_library(cfg) if libtaskd is None else libtaskd
+    if path is None and problem is None:
         return [], []
-    libtaskd, why_not = taskd.library()
-    if libtaskd is None and not wanted_taskd:
-        return [], []
-    libraries, missing = [], [] if libtaskd else [why_not]
+    libraries, missing = [], [problem] if problem else []
+    wanted_mstx = cfg.requested("mstx")
     if wanted_mstx is not False:
         mspti, why_no_mspti = cann.mspti_library(env)
         if mspti is not None:
             libraries.append(str(mspti))
         elif wanted_mstx:
             missing.append(why_no_mspti)
-    if libtaskd is not None:
-        libraries.append(str(libtaskd))
+    if path is not None:
+        libraries.append(str(path))
     return libraries, missing
 
 
@@ -131,13 +144,14 @@ def without_bootstrap(value: str) -> str:
     return os.pathsep.join(p for p in value.split(os.pathsep) if p and os.path.abspath(p) != BOOTSTRAP_DIR)
 
 
-def restart_rendezvous(command: Sequence[str]) -> str | None:
-    """The rendezvous backend over which ``command``, torchrun, restarts workers (``--max-restarts`` > 0):
-    ``c10d`` for ``--standalone``, else ``--rdzv-backend`` (torchrun's default: ``static``); None when
-    ``command`` is no restarting torchrun. Only the launcher's own options count, those before the script."""
-    if not command or not (os.path.basename(command[0]) == "torchrun"
-                           or list(command[1:3]) == ["-m", "torch.distributed.run"]):
-        return None
+def is_torchrun(command: Sequence[str]) -> bool:
+    return bool(command) and (os.path.basename(command[0]) == "torchrun"
+                              or list(command[1:3]) == ["-m", "torch.distributed.run"])
+
+
+def launcher_options(command: Sequence[str]) -> dict[str, str]:
+    """The launcher's own options in ``command``, those before the script, named with dashes
+    (``--nproc_per_node=2`` gives ``{"--nproc-per-node": "2"}``; a flag alone gives "")."""
     options: dict[str, str] = {}
     arguments = list(command[1:])
     for index, arg in enumerate(arguments):
@@ -148,10 +162,69 @@ def restart_rendezvous(command: Sequence[str]) -> str | None:
         if not equals and index + 1 < len(arguments) and not arguments[index + 1].startswith("-"):
             value = arguments[index + 1]
         options[name] = value
+    return options
+
+
+def torchrun_option(options: Mapping[str, str], env: Mapping[str, str], name: str, default: str = "") -> str:
+    """One torchrun option as torchrun sees it: the flag, else its ``PET_`` variable, else ``default``."""
+    return options.get(name) or env.get("PET_" + name[2:].upper().replace("-", "_")) or default
+
+
+def restart_rendezvous(command: Sequence[str]) -> str | None:
+    """The rendezvous backend over which ``command``, torchrun, restarts workers (``--max-restarts`` > 0):
+    ``c10d`` for ``--standalone``, else ``--rdzv-backend`` (torchrun's default: ``static``); None when
+    ``command`` is no restarting torchrun. Only the launcher's own options count, those before the script."""
+    if not is_torchrun(command):
+        return None
+    options = launcher_options(command)
     restarts = options.get("--max-restarts", "0")
     if not (restarts.isdigit() and int(restarts) > 0):
         return None
     return "c10d" if "--standalone" in options else options.get("--rdzv-backend", "static")
+
+
+def _whole(value: str) -> int | None:
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def launcher_counts(command: Sequence[str], env: Mapping[str, str]) -> tuple[int | None, int | None]:
+    """(nodes, processes per node) the launcher in ``command`` is told, where whole numbers: torchrun's
+    ``--nnodes`` (one count, not MIN:MAX) and ``--nproc-per-node``, msrun's ``--worker_num`` and
+    ``--local_worker_num``; each launcher's defaults where a flag is absent."""
+    options = launcher_options(command)
+    if is_torchrun(command):
+        low, _, high = torchrun_option(options, env, "--nnodes", "1").partition(":")
+        return _whole(low) if high in ("", low) else None, _whole(torchrun_option(options, env, "--nproc-per-node", "1"))
+    if is_msrun(command):
+        total, local = _whole(options.get("--worker-num", "8")), _whole(options.get("--local-worker-num", "8"))
+        if total and local and total % local == 0:
+            return total // local, local
+    return None, None
+
+
+TASKD_NEEDS_STATIC = ("TaskD's agent in torchrun works over the static rendezvous only (over c10d, --standalone and "
+                      "one node without --master-port included, it fails: 'DynamicRendezvousHandler' object has no "
+                      "attribute 'rank') and hands its own MASTER_ADDR/MASTER_PORT to the workers: launch torchrun "
+                      "with --master-addr and --master-port")
+
+
+def taskd_master(command: Sequence[str], env: Mapping[str, str]) -> dict[str, str] | None:
+    """MASTER_ADDR and MASTER_PORT for TaskD's patched agent, which gives the workers its own (torch's agent
+    takes them from the rendezvous): the static rendezvous' --master-addr/--master-port (or its
+    --rdzv-endpoint). None when torchrun will not use the static rendezvous, where TaskD's agent fails."""
+    options = launcher_options(command)
+    if "--standalone" in options or torchrun_option(options, env, "--rdzv-backend", "static") != "static":
+        return None
+    endpoint = torchrun_option(options, env, "--rdzv-endpoint")
+    if not endpoint:
+        port = torchrun_option(options, env, "--master-port")
+        if not port and torchrun_option(options, env, "--nnodes", "1").rpartition(":")[2] != "1":
+            port = "29500"  # torchrun's default beyond one node; one node without a port goes to c10d instead
+        endpoint = f"{torchrun_option(options, env, '--master-addr', '127.0.0.1')}:{port}" if port else ""
+    host, _, port = endpoint.rpartition(":")
+    if not host or _whole(port) is None:
+        return None
+    return {"MASTER_ADDR": host.strip("[]"), "MASTER_PORT": port}
 
 
 def is_msrun(command: Sequence[str]) -> bool:
@@ -171,7 +244,8 @@ def plan(command: Sequence[str], features: str | None = None, inject_fault: str 
         parse_faults(inject_fault, source="--inject-fault")
         changes[config.INJECT_VAR] = inject_fault
     changes["PYTHONPATH"] = os.pathsep.join(filter(None, [BOOTSTRAP_DIR, without_bootstrap(base.get("PYTHONPATH", ""))]))
-    libraries, missing = preload(cfg, base)
+    libtaskd = taskd_library(cfg)
+    libraries, missing = preload(cfg, base, libtaskd)
     warnings = [f"LD_PRELOAD lacks what the selected features need: {'; '.join(missing)}"] if missing else []
     if libraries:
         merged = merge_preload(libraries, base.get(PRELOAD_VAR, ""))
@@ -185,7 +259,17 @@ def plan(command: Sequence[str], features: str | None = None, inject_fault: str 
         if warning:
             warnings.append(warning)
     notes = []
-    rendezvous = restart_rendezvous(command)
+    taskd_agent = libtaskd[0] is not None and is_torchrun(command)
+    if taskd_agent:
+        master = taskd_master(command, base)
+        if master is None:
+            warnings.append(TASKD_NEEDS_STATIC)
+        elif any(base.get(name) != value for name, value in master.items()):
+            changes.update(master)
+            notes.append(f"MASTER_ADDR={master['MASTER_ADDR']} MASTER_PORT={master['MASTER_PORT']} from torchrun's "
+                         "options: TaskD's agent hands these to the workers")
+    # under TaskD its agent restarts workers on its manager's command, and only over the static rendezvous
+    rendezvous = None if taskd_agent else restart_rendezvous(command)
     if rendezvous == "static":
         warnings.append(STATIC_RESTARTS)
     elif rendezvous == "c10d" and FRESH_STORE_VAR not in base:

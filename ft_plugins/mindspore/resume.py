@@ -134,13 +134,21 @@ class SaveCommitter:
             self.refused = refusal
 
 
+NO_DIRECTORY = ("resume: initial_epoch() cannot know where the checkpoints are: Model.train takes its initial_epoch "
+                "before any callback sees the run's ModelCheckpoint. Pass the directory it saves into (the parent "
+                "of the rank_N directories) as FaultTolerance(resume_dir=DIR) (or ResumeCallback(DIR))")
+HOW = "initial_epoch=ft.initial_epoch(steps_per_epoch, dataset) in Model.train, ft = FaultTolerance(resume_dir=DIR)"
+
+
 class ResumeCallback(Callback):
     """Loads the newest intact checkpoint of ``directory`` for this rank at train begin, and commits
     every save of the run's ``ModelCheckpoint`` (:class:`SaveCommitter`).
 
-    The choice is made at construction, so ``initial_epoch(steps_per_epoch)`` can be passed to
-    ``Model.train``; broken, truncated, uncommitted and ``_breakpoint`` checkpoints are skipped with
-    the reason. Without ``directory`` the run's ``ModelCheckpoint`` directory is searched at train begin.
+    The choice is made at construction, so that ``initial_epoch(steps_per_epoch, dataset)`` can tell
+    ``Model.train`` where to start and the dataset what to skip; broken, truncated, uncommitted and
+    ``_breakpoint`` checkpoints are skipped with the reason. Without ``directory`` nothing can be chosen
+    before training: ``initial_epoch`` refuses, and a train begin that finds a checkpoint in the run's
+    ``ModelCheckpoint`` directory stops with the fix, rather than train every epoch again on top of it.
     Inside MindFormers' trainer it never loads: MindFormers resumes itself (``resume_training``, guarded by
     :mod:`ft_plugins.mindspore.mindformers`) and counts steps and data from there; this only commits.
     """
@@ -154,8 +162,11 @@ class ResumeCallback(Callback):
         self.selection = None
         self.committer: SaveCommitter | None = None
         self.start_step: int | None = None  # MindSpore's step counter at train begin, once initial_epoch decided
+        self.start_epoch: int | None = None  # what initial_epoch told Model.train
+        self.plan: tuple[int, Any] | None = None  # (steps_per_epoch, dataset) given to initial_epoch
+        self.first_step = False
         if self.resume is not None and directory and trainer_run() is None:
-            self._choose(directory)
+            self._choose(save_root(directory))
 
     def _choose(self, directory: str) -> None:
         """The resume choice; only NoIntactCheckpoint (checkpoints exist, none intact) stops the job, before
@@ -175,25 +186,32 @@ class ResumeCallback(Callback):
     def initial_epoch(self, steps_per_epoch: int, dataset: Any = None) -> int:
         """``Model.train``'s ``initial_epoch``: the chosen checkpoint's epoch if it ended it, else the one before.
 
-        ``Model.train`` cannot start inside an epoch: give the training ``dataset`` and a mid-epoch checkpoint's
-        steps are skipped in it (``set_init_step``), so training continues at the exact step; without it that
-        epoch's first steps are trained again, and the log says how many.
+        ``Model.train`` cannot start inside an epoch: for a mid-epoch checkpoint the training ``dataset``
+        skips the steps done (``set_init_step``) so training continues at the exact step. ValueError when
+        no directory was given, or a mid-epoch checkpoint comes without the dataset (its first steps would
+        be trained twice).
         """
-        if self.selection is None or self.selection.epoch is None:
+        if self.resume is None:
+            return 0
+        if not self.directory:
+            raise ValueError(NO_DIRECTORY)
+        self.plan = (steps_per_epoch, dataset)
+        self.start_epoch = self.start_step = 0
+        if self.selection is None or self.selection.path is None or self.selection.epoch is None:
             return 0
         epoch, step = self.selection.epoch, self.selection.step or 0
         if step >= steps_per_epoch:
-            self.start_step = epoch * steps_per_epoch
-            return epoch
-        self.start_step = (epoch - 1) * steps_per_epoch
-        if dataset is not None:
-            dataset.set_init_step(step)
-            self.start_step += step
-            log.info("resume: %s is %d steps into epoch %d; the dataset skips them", self.selection.path, step, epoch)
+            self.start_epoch = epoch
+        elif dataset is None:
+            raise ValueError(f"resume: {self.selection.path} is {step} steps into epoch {epoch}; pass the training "
+                             "dataset, ft.initial_epoch(steps_per_epoch, dataset), so that it skips them (Model.train "
+                             "starts at an epoch's beginning and would train them a second time)")
         else:
-            log.warning("resume: %s is %d steps into epoch %d; Model.train restarts that epoch (pass the dataset "
-                        "to initial_epoch to continue at the exact step)", self.selection.path, step, epoch)
-        return epoch - 1
+            self.start_epoch = epoch - 1
+            dataset.set_init_step(step)
+            log.info("resume: %s is %d steps into epoch %d; the dataset skips them", self.selection.path, step, epoch)
+        self.start_step = self.start_epoch * steps_per_epoch + (step if self.start_epoch < epoch else 0)
+        return self.start_epoch
 
     def on_train_begin(self, run_context: RunContext) -> None:
         if self.resume is None:
@@ -207,20 +225,47 @@ class ResumeCallback(Callback):
             self._leave_to_mindformers(run, checkpoint)
             return
         if checkpoint is not None:
-            if self.selection is None:
+            if self.selection is None and not self.directory:  # only to refuse a silent retrain
                 self._choose(save_root(checkpoint._directory))  # noqa: SLF001
             self.committer = SaveCommitter.attach(checkpoint, self.resume)
         if self.selection is None or self.selection.path is None:
             return
+        self._check_plan(cb_params)
         from mindspore import load_checkpoint, load_param_into_net
 
-        parameters = load_checkpoint(self.selection.path)
-        load_param_into_net(cb_params.train_network, parameters)
-        if self.start_step is None:
-            self.initial_epoch(cb_params.batch_num)
+        load_param_into_net(cb_params.train_network, load_checkpoint(self.selection.path))
         cb_params.cur_step_num = self.start_step
-        log.info("resume: loaded %s (epoch %s, step %s)", self.selection.path, self.selection.epoch,
-                 self.selection.step)
+        if checkpoint is not None:  # its save cadence counts on from the checkpoint's step, as in one long run
+            checkpoint._last_triggered_step = self.start_step  # noqa: SLF001
+        self.first_step = True
+        log.info("resume: loaded %s (epoch %s, step %s); training continues at step %d", self.selection.path,
+                 self.selection.epoch, self.selection.step, self.start_step + 1)
+
+    def _check_plan(self, cb_params: Any) -> None:
+        """Stop before the first step when Model.train was not told where the checkpoint continues."""
+        found = f"{self.selection.path} (epoch {self.selection.epoch}, step {self.selection.step})"
+        if not self.directory:
+            raise RuntimeError(f"resume: found {found}, but FaultTolerance() was given no resume_dir, so Model.train "
+                               f"starts at epoch 1 and would train every step again on top of it; resume with {HOW}, "
+                               "or leave resume out of the features to start from scratch")
+        if self.plan is None:
+            raise RuntimeError(f"resume: found {found}, but initial_epoch was not asked, so Model.train would train "
+                               f"every step again on top of it; pass {HOW}")
+        steps_per_epoch, dataset = self.plan
+        if steps_per_epoch != cb_params.batch_num:
+            raise RuntimeError(f"resume: initial_epoch counted {steps_per_epoch} steps per epoch to continue {found}, "
+                               f"the dataset has {cb_params.batch_num}: {HOW.replace('steps_per_epoch', 'dataset.get_dataset_size()')}")
+        if dataset is not None and self.start_epoch < self.selection.epoch and cb_params.train_dataset is not dataset:
+            raise RuntimeError(f"resume: initial_epoch skipped the steps of {found} in another dataset than the one "
+                               f"Model.train trains on; give both the same dataset object: {HOW}")
+
+    def on_train_step_begin(self, run_context: RunContext) -> None:
+        if self.first_step:
+            self.first_step = False
+            epoch = run_context.original_args().cur_epoch_num
+            if epoch != self.start_epoch + 1:
+                raise RuntimeError(f"resume: Model.train starts at epoch {epoch}, but {self.selection.path} continues "
+                                   f"in epoch {self.start_epoch + 1}: pass {HOW}")
 
     def __exit__(self, *exc_info: object) -> None:
         """Model.train leaves its callbacks' context even when training raised: the wrappers come off then too."""

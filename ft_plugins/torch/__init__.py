@@ -1,8 +1,9 @@
-"""PyTorch side: ``import ft_plugins.torch`` turns on the configured features for Megatron / MindSpeed-LLM.
+"""PyTorch side: ``import ft_plugins.torch`` turns on the configured features for Megatron / MindSpeed-LLM
+and for the Hugging Face Trainer and Accelerate.
 
 Importing this module calls :func:`enable` with the environment's configuration (``FT_PLUGINS``
-and friends). Hooks into megatron are applied now if megatron is imported, otherwise the moment
-it is. Nothing here raises into training: a bad configuration or a missing vendor runtime is
+and friends). Hooks into megatron, transformers and accelerate are applied now for those imported,
+otherwise the moment they are. Nothing here raises into training: a bad configuration or a missing vendor runtime is
 logged and the affected features stay off, unless ``FT_PLUGINS_STRICT=1``.
 """
 
@@ -19,7 +20,7 @@ log = logging.getLogger("ft_plugins.torch")
 FRAMEWORK = "pt"
 
 _runtime: Runtime | None = None
-_integration: Any = None
+_integrations: list[Any] = []
 
 
 def enable(
@@ -31,25 +32,28 @@ def enable(
     ``options``: per feature, e.g. ``enable("mstx", mstx={"backend": "noop"})``.
     Raises ConfigError for bad values and FeatureUnavailable in strict mode.
     """
-    global _runtime, _integration
+    global _runtime
+    from ft_plugins.torch.hf import HFIntegration
     from ft_plugins.torch.megatron import MegatronIntegration
 
     disable()
     runtime = activate(FRAMEWORK, features=features, options=options)
-    integration = MegatronIntegration(runtime)
-    _runtime, _integration = runtime, integration
-    integration.apply()
+    _runtime = runtime
+    _integrations[:] = [MegatronIntegration(runtime), HFIntegration(runtime)]
+    for integration in _integrations:
+        integration.apply()
     return runtime
 
 
 def disable() -> None:
-    """Remove every hook and stop the features; megatron's functions are the originals again."""
-    global _runtime, _integration
-    if _integration is not None:
-        _integration.remove()
+    """Remove every hook and stop the features; the frameworks' functions are the originals again."""
+    global _runtime
+    for integration in reversed(_integrations):
+        integration.remove()
+    _integrations.clear()
     if _runtime is not None:
         _runtime.stop()
-    _runtime = _integration = None
+    _runtime = None
 
 
 def runtime() -> Runtime | None:
@@ -58,11 +62,15 @@ def runtime() -> Runtime | None:
 
 
 def __getattr__(name: str) -> Any:
-    """``ReplicatedZeroOptimizer`` on first use: importing this module never imports torch."""
+    """``ReplicatedZeroOptimizer`` and ``FaultToleranceCallback`` (imports transformers) on first use."""
     if name == "ReplicatedZeroOptimizer":
         from ft_plugins.torch.replicated import ReplicatedZeroOptimizer
 
         return ReplicatedZeroOptimizer
+    if name == "FaultToleranceCallback":
+        from ft_plugins.torch.hf.callback import FaultToleranceCallback
+
+        return FaultToleranceCallback
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

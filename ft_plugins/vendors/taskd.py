@@ -15,6 +15,11 @@ import importlib.util
 import inspect
 import logging
 import os
+import re
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Mapping
@@ -29,6 +34,11 @@ MANAGER_MODULE = "taskd.api.taskd_manager_api"
 TORCHRUN_AGENT_PATCH = "taskd.python.adaptor.patch"
 FRAMEWORKS = ("pt", "ms")
 LIBRARY = ("python", "cython_api", "libs", "libtaskd.so")
+LIBRARY_LOADER = "taskd.python.cython_api.cython_api"  # loads libtaskd.so on import; ``lib`` is None when it failed
+LIBRARY_FIX = "reinstall the taskd wheel shipped with MindCluster, which carries libtaskd.so"
+AGENT_NETWORK = "taskd.python.framework.agent.base_agent.agent_network"
+MANAGER_PORT = 9601  # where TaskD's proxy looks for the manager, on MASTER_ADDR
+AGENT_GIVES_UP_S = 180  # TaskD's INIT_NETWORK_TIMEOUT: then its agent raises and torchrun fails
 PROFILING_DIR = "/user/cluster-info/profiling"  # bounded by the worker's disk limit
 PROFILING_MIN_VERSION = "7.1.RC1"  # lightweight profiling (libmspti + libtaskd in LD_PRELOAD)
 
@@ -50,6 +60,11 @@ def load_worker_api() -> ModuleType:
     missing = [name for name in ("init_taskd_worker", "start_taskd_worker") if not hasattr(module, name)]
     if missing:
         raise VendorUnavailable(f"{WORKER_MODULE} lacks {', '.join(missing)}: unsupported TaskD version")
+    loader = sys.modules.get(LIBRARY_LOADER)
+    if loader is not None and getattr(loader, "lib", True) is None:  # TaskD imports fine and then fails at start
+        path, why = library()
+        raise VendorUnavailable(f"{why}: {LIBRARY_FIX}" if path is None else
+                                f"TaskD could not load {path} in this process (see TaskD's log): {LIBRARY_FIX}")
     return module
 
 
@@ -98,6 +113,42 @@ def patch_torchrun_agent() -> list[str]:
     return fit_launch_agent(api, original)
 
 
+def warn_without_manager(bound_s: int) -> bool:
+    """TaskD's agent starts no worker until a manager answers it and gives up only after
+    ``AGENT_GIVES_UP_S``, logging "waiting for message manager" every second; when the torchrun agent
+    has found none within ``bound_s``, say once what is missing. Call after :func:`patch_torchrun_agent`;
+    False when this TaskD has no agent network to watch."""
+    from torch.distributed.elastic.agent.server import api
+
+    try:
+        network = importlib.import_module(AGENT_NETWORK)
+    except ImportError:
+        return False
+    invoke_run = api.SimpleElasticAgent._invoke_run
+
+    @functools.wraps(invoke_run)
+    def _invoke_run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        threading.Thread(target=_await_manager, args=(network.get_msg_network_instance, bound_s),
+                         name="ft_plugins-taskd-manager", daemon=True).start()
+        return invoke_run(self, *args, **kwargs)
+
+    api.SimpleElasticAgent._invoke_run = _invoke_run
+    return True
+
+
+def _await_manager(connected: Any, bound_s: int) -> None:
+    deadline = time.monotonic() + bound_s
+    while connected() is None:
+        if time.monotonic() >= deadline:
+            where = os.environ.get("MASTER_ADDR", "127.0.0.1")
+            log.warning("taskd: no TaskD manager answered this node's agent within %d s (it looks for one at "
+                        "%s:%d); no worker starts until one does, and after %d s torchrun fails: start it "
+                        "with `ft-plugins run --manager` on the master node (or `ft-plugins manager`)",
+                        bound_s, where, MANAGER_PORT, AGENT_GIVES_UP_S)
+            return
+        time.sleep(0.5)
+
+
 def launch_agent_gap(replacement: Any, original: Any) -> dict[str, Any]:
     """Parameters torch's own ``launch_agent`` has and TaskD's replacement lacks, with their defaults."""
     theirs = inspect.signature(replacement).parameters
@@ -143,8 +194,31 @@ def is_placeholder(root: Path) -> bool:
     return not (root / "api").is_dir()
 
 
+def installed() -> bool:
+    """Whether Ascend's TaskD (not the placeholder) is importable, found without importing it."""
+    root = package_dir()
+    return root is not None and not is_placeholder(root)
+
+
+_LOAD_PROBE = ("import ctypes, os, sys\ntry:\n    ctypes.CDLL(sys.argv[1], mode=os.RTLD_LAZY | os.RTLD_LOCAL)\n"
+               "except OSError as exc:\n    print(exc)\n")
+
+
+def load_error(path: Path) -> str | None:
+    """Why the dynamic loader refuses ``path`` as TaskD loads it, or None. Tried in a child process: the
+    launch-side commands keep libtaskd's Go runtime out of themselves."""
+    env = {name: value for name, value in os.environ.items() if name != "LD_PRELOAD"}
+    result = subprocess.run([sys.executable, "-I", "-c", _LOAD_PROBE, str(path)], env=env, capture_output=True,
+                            text=True, timeout=60)
+    if result.returncode == 0 and not result.stdout.strip():
+        return None
+    lines = (result.stdout + result.stderr).strip().splitlines()
+    return lines[-1].replace(f"{path}: ", "") if lines else f"the loading process exited with {result.returncode}"
+
+
 def library() -> tuple[Path | None, str]:
-    """The installed TaskD's ``libtaskd.so`` (symlinks resolved: TaskD refuses one), or None and why."""
+    """The installed TaskD's ``libtaskd.so`` (symlinks resolved: TaskD refuses one) if the loader takes it,
+    or None and why (the worker, the agent and the manager all need it)."""
     root = package_dir()
     if root is None:
         return None, "TaskD is not installed (install the taskd wheel shipped with MindCluster)"
@@ -152,8 +226,20 @@ def library() -> tuple[Path | None, str]:
         return None, f"the 'taskd' at {root} is the PyPI placeholder, not Ascend's TaskD: uninstall it"
     path = root.joinpath(*LIBRARY)
     if not path.is_file():
-        return None, f"TaskD at {root} has no {'/'.join(LIBRARY)}"
+        return None, f"{path} is missing"
+    error = load_error(path)
+    if error is not None:
+        return None, f"{path} cannot be loaded ({error})"
     return Path(os.path.realpath(path)), "found"
+
+
+def version(root: Path) -> str | None:
+    """``__version__`` from the package's ``version.py`` (TaskD's wheel may carry no dist-info), read not imported."""
+    source = root / "version.py"
+    if not source.is_file():
+        return None
+    found = re.search(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", source.read_text(errors="replace"), re.M)
+    return found.group(1) if found else None
 
 
 def is_master(env: Mapping[str, str]) -> tuple[bool, str]:
@@ -179,11 +265,18 @@ def _whole(env: Mapping[str, str], var: str) -> int:
     return int(raw)
 
 
+MANAGER_FLAGS = {"job_id": "pass --job-id (MINDX_TASK_ID is unset)",
+                 "node_nums": "pass --nodes (WORLD_SIZE/LOCAL_WORLD_SIZE and MS_WORKER_NUM/MS_LOCAL_WORKER are unset)",
+                 "proc_per_node": "pass --procs-per-node (LOCAL_WORLD_SIZE and MS_LOCAL_WORKER are unset)"}
+
+
 def manager_config(env: Mapping[str, str], job_id: str | None = None, nodes: int | None = None,
-                   procs_per_node: int | None = None) -> dict[str, Any]:
-    """``init_taskd_manager``'s config: flags win, else the operator's variables; counts as integers
-    (TaskD's Go side rejects strings with only a log line). ConfigError names the missing flag."""
-    derived_nodes = derived_procs = None
+                   procs_per_node: int | None = None, launched: tuple[int | None, int | None] = (None, None),
+                   fixes: Mapping[str, str] = MANAGER_FLAGS) -> dict[str, Any]:
+    """``init_taskd_manager``'s config: flags win, else the operator's variables, else the counts the
+    launcher was given (``launched``); counts as integers (TaskD's Go side rejects strings with only a
+    log line). ConfigError says what is missing with its fix from ``fixes``."""
+    derived_nodes, derived_procs = launched
     for total_var, local_var in (("MS_WORKER_NUM", "MS_LOCAL_WORKER"), ("WORLD_SIZE", "LOCAL_WORLD_SIZE")):
         if total_var in env and local_var in env:
             total, local = _whole(env, total_var), _whole(env, local_var)
@@ -194,10 +287,7 @@ def manager_config(env: Mapping[str, str], job_id: str | None = None, nodes: int
             break
     config = {"job_id": job_id or env.get("MINDX_TASK_ID"), "node_nums": nodes or derived_nodes,
               "proc_per_node": procs_per_node or derived_procs}
-    flags = {"job_id": ("--job-id", "MINDX_TASK_ID is unset"),
-             "node_nums": ("--nodes", "WORLD_SIZE/LOCAL_WORLD_SIZE and MS_WORKER_NUM/MS_LOCAL_WORKER are unset"),
-             "proc_per_node": ("--procs-per-node", "LOCAL_WORLD_SIZE and MS_LOCAL_WORKER are unset")}
-    missing = [f"pass {flags[key][0]} ({flags[key][1]})" for key, value in config.items() if not value]
+    missing = [fixes[key] for key, value in config.items() if not value]
     if missing:
         raise ConfigError("TaskD manager config incomplete: " + "; ".join(missing))
     return config

@@ -7,4 +7,4 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from launch_support import vendors  # noqa: E402,F401  (a session fixture)
+from launch_support import real_taskd, vendors  # noqa: E402,F401  (session fixtures)

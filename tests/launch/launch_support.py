@@ -3,13 +3,19 @@ a sitecustomize that ft_plugins' bootstrap must chain-load, and ``ft-plugins run
 
 from __future__ import annotations
 
+import fcntl
+import importlib.util
 import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
+import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -63,7 +69,7 @@ class Vendors:
 @pytest.fixture(scope="session")
 def vendors(tmp_path_factory: pytest.TempPathFactory) -> Vendors:
     if shutil.which("gcc") is None:
-        pytest.skip("gcc is needed to build the stub shared libraries")
+        pytest.fail("gcc is needed to build the stub shared libraries: scripts/setup.sh installs it (apt-get install gcc)")
     root = tmp_path_factory.mktemp("vendors")
     site = root / "site"
     shutil.copytree(FAKES / "taskd", site / "taskd", ignore=shutil.ignore_patterns("__pycache__"))
@@ -116,3 +122,51 @@ def preloaded(workdir: Path) -> dict[int, set[str]]:
         name, pid = line.split()
         out.setdefault(int(pid), set()).add(name)
     return out
+
+
+# scripts/setup.sh builds the real TaskD here and writes the directory to put on PYTHONPATH into `pythonpath`
+REAL_TASKD_BUILD = Path(sys.prefix) / "taskd"
+TASKD_LIBRARY = ("taskd", "python", "cython_api", "libs", "libtaskd.so")
+
+
+@pytest.fixture(scope="session")
+def real_taskd() -> Path:
+    """The directory holding the real MindCluster TaskD package, built by scripts/setup.sh; on no sys.path."""
+    marker = REAL_TASKD_BUILD / "pythonpath"
+    if not marker.is_file():
+        pytest.fail(f"the real TaskD is not built ({marker} is missing): run scripts/setup.sh")
+    root = Path(marker.read_text().strip())
+    if not root.joinpath(*TASKD_LIBRARY).is_file():
+        pytest.fail(f"{root.joinpath(*TASKD_LIBRARY)} is missing: rm -rf {REAL_TASKD_BUILD}; run scripts/setup.sh")
+    missing = [name for name in ("grpc", "google.protobuf") if importlib.util.find_spec(name) is None]
+    if missing:
+        pytest.fail(f"the real TaskD needs {', '.join(missing)}: pip install -r scripts/requirements.txt")
+    return root
+
+
+def taskd_without_library(real_taskd: Path, root: Path) -> Path:
+    """A copy of the real TaskD's Python side under ``root``, without libtaskd.so: an incomplete install."""
+    shutil.copytree(real_taskd / "taskd", root / "taskd", ignore=shutil.ignore_patterns("go", "__pycache__", "libtaskd.so"))
+    return root
+
+
+_JOB_VARIABLES = ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "RANK", "LOCAL_RANK", "MINDX_TASK_ID", "MS_SCHED_HOST", "POD_IP")
+
+
+def real_taskd_env(taskd_dir: Path, workdir: Path, **overrides: str) -> dict[str, str]:
+    """The environment of an ``ft-plugins run`` with ``taskd_dir`` (the real TaskD, or a copy) first on
+    PYTHONPATH, no fakes, no job variables from outside, TaskD's logs in ``workdir/taskd_log``."""
+    env = {k: v for k, v in os.environ.items() if k not in _JOB_VARIABLES
+           and not k.startswith(("FT_PLUGINS", "FT_FAKE", "LD_PRELOAD", "TASKD_", "MASTER_", "PET_", "TORCHELASTIC"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(taskd_dir), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+    env["PATH"] = os.pathsep.join([str(Path(PYTHON).parent), env.get("PATH", "")])
+    env.update(TASKD_LOG_PATH=str(workdir / "taskd_log"), **overrides)
+    return env
+
+
+@contextmanager
+def taskd_ports() -> Iterator[None]:
+    """TaskD's manager and proxy listen on fixed ports (9601, 9602): one real TaskD job per machine at a time."""
+    with open(Path(tempfile.gettempdir()) / "ft_plugins-taskd-ports.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield

@@ -146,7 +146,7 @@ def test_missing_libraries_get_one_warning_naming_them(vendors: Vendors, tmp_pat
     result = ft_run(["--features", "taskd,mstx", "--dry-run", "--", "python", "x.py"], env, tmp_path)
     warnings = [line for line in result.stderr.splitlines() if "warning" in line]
     assert len(warnings) == 1
-    assert "has no python/cython_api/libs/libtaskd.so" in warnings[0] and "CANN not found" in warnings[0]
+    assert "python/cython_api/libs/libtaskd.so is missing" in warnings[0] and "CANN not found" in warnings[0]
     assert "LD_PRELOAD" not in result.stdout
 
 
@@ -201,7 +201,7 @@ def test_manager_is_not_started_off_the_master(vendors: Vendors, tmp_path: Path)
 def test_manager_config_error_stops_before_the_command(vendors: Vendors, tmp_path: Path) -> None:
     env = launch_env(vendors, tmp_path, RANK="0", WORLD_SIZE="16", LOCAL_WORLD_SIZE="8")
     result = ft_run(["--manager", "--", PYTHON, "-c", "print('ran')"], env, tmp_path)
-    assert result.returncode == 2 and "pass --job-id (MINDX_TASK_ID is unset)" in result.stderr
+    assert result.returncode == 2 and "set MINDX_TASK_ID (the Ascend operator sets it)" in result.stderr
     assert "ran" not in result.stdout
 
 
@@ -259,3 +259,47 @@ def test_a_store_setting_the_user_made_wins() -> None:
     plan = environment.plan(["torchrun", "--standalone", "--max-restarts", "1", "train.py"],
                             env={"PATH": os.environ["PATH"], environment.FRESH_STORE_VAR: "0"})
     assert environment.FRESH_STORE_VAR not in plan.changes and plan.env[environment.FRESH_STORE_VAR] == "0"
+
+
+@pytest.mark.parametrize(("command", "counts"), [
+    (["torchrun", "--nnodes", "2", "--nproc-per-node", "4", "train.py"], (2, 4)),
+    (["torchrun", "--nnodes=1:1", "--nproc_per_node=8", "train.py", "--nnodes", "9"], (1, 8)),
+    (["torchrun", "train.py"], (1, 1)),  # torchrun's defaults
+    (["torchrun", "--nnodes", "1:4", "--nproc-per-node", "gpu", "train.py"], (None, None)),  # elastic, not a count
+    (["msrun", "--worker_num=16", "--local_worker_num=8", "train.py"], (2, 8)),
+    (["msrun", "--worker_num=12", "--local_worker_num=8", "train.py"], (None, None)),
+    (["python", "train.py", "--nnodes", "2"], (None, None)),
+])
+def test_node_and_process_counts_from_the_launchers_flags(command: list[str], counts: tuple) -> None:
+    assert environment.launcher_counts(command, {}) == counts
+
+
+@pytest.mark.parametrize(("command", "env", "master"), [
+    (["torchrun", "--master-addr", "10.0.0.1", "--master-port", "29614", "t.py"], {}, ("10.0.0.1", "29614")),
+    (["torchrun", "--master_port=29614", "t.py"], {}, ("127.0.0.1", "29614")),
+    (["torchrun", "t.py"], {"PET_MASTER_PORT": "2000", "PET_MASTER_ADDR": "h"}, ("h", "2000")),  # torchrun reads PET_*
+    (["torchrun", "--nnodes", "2", "--master-addr", "h", "t.py"], {}, ("h", "29500")),  # its default beyond one node
+    (["torchrun", "--rdzv-endpoint", "node0:3000", "t.py"], {}, ("node0", "3000")),  # static, its endpoint given
+    (["torchrun", "--rdzv-backend", "c10d", "--rdzv-endpoint", "node0:3000", "t.py"], {}, None),  # TaskD fails there
+    (["torchrun", "--nproc-per-node", "2", "t.py"], {}, None),  # one node, no port: torchrun goes to c10d
+    (["torchrun", "--standalone", "--master-port", "29614", "t.py"], {}, None),
+])
+def test_master_address_for_taskd_from_torchruns_flags(command: list[str], env: dict, master: tuple | None) -> None:
+    found = environment.taskd_master(command, env)
+    assert (found and (found["MASTER_ADDR"], found["MASTER_PORT"])) == master
+
+
+def test_run_gives_taskd_the_master_address_and_the_manager_the_launchers_counts(vendors: Vendors, tmp_path: Path) -> None:
+    env = launch_env(vendors, tmp_path, MINDX_TASK_ID="job-3")
+    torchrun = ft_run(["--manager", "--dry-run", "--", "torchrun", "--nnodes", "2", "--nproc-per-node", "4",
+                       "--master-addr", "10.0.0.1", "--master-port", "29614", "train.py"], env, tmp_path)
+    assert torchrun.returncode == 0, torchrun.stderr
+    assert "export MASTER_ADDR=10.0.0.1" in torchrun.stdout and "export MASTER_PORT=29614" in torchrun.stdout
+    assert "manager --job-id job-3 --nodes 2 --procs-per-node 4 &" in torchrun.stdout
+    msrun = ft_run(["--manager", "--dry-run", "--", "msrun", "--worker_num=8", "--local_worker_num=4", "train.py"],
+                   dict(env, WORLD_SIZE="16", LOCAL_WORLD_SIZE="8"), tmp_path)
+    assert "--nodes 2 --procs-per-node 8 &" in msrun.stdout  # the operator's variables win over the flags
+    assert "MASTER_PORT" not in msrun.stdout
+    standalone = ft_run(["--dry-run", "--", "torchrun", "--standalone", "--max-restarts", "1", "train.py"], env, tmp_path)
+    assert environment.TASKD_NEEDS_STATIC in standalone.stderr and "MASTER_PORT" not in standalone.stdout
+    assert environment.FRESH_STORE_VAR not in standalone.stdout  # no c10d advice or set-up for TaskD's agent

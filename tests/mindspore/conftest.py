@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -13,6 +14,8 @@ import numpy as np
 import pytest
 
 from support import FAKES, vendor_modules_isolated
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # msrun_jobs
 
 STEPS_PER_EPOCH = 4
 

@@ -7,6 +7,7 @@ and mstx (conftest), which record their calls.
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -148,3 +149,72 @@ def test_mid_epoch_checkpoint_resumes_at_its_exact_step(fakes: Any, tiny: Any, t
     assert opened == ["step 7", "step 8"]
     trained = next(p for p in resumed.train_network.get_parameters() if p.name == "weight").asnumpy()
     np.testing.assert_allclose(trained, expected, rtol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def saved_mid_epoch(fakes: Any, tiny: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Saves every 2 steps of a 2-epoch run: the newest, epoch 2 step 4, is truncated, so resume takes step 2."""
+    from mindspore.train import CheckpointConfig, ModelCheckpoint
+
+    directory = tmp_path_factory.mktemp("mid_epoch")
+    config = CheckpointConfig(save_checkpoint_steps=2, keep_checkpoint_max=10)
+    tiny.model().train(EPOCHS, tiny.dataset(), callbacks=[ModelCheckpoint("tiny", str(directory), config)])
+    _truncate(directory / f"tiny-{EPOCHS}_{tiny.STEPS_PER_EPOCH}.ckpt")
+    return directory
+
+
+def _ask(callback: Any, tiny: Any, form: str) -> tuple[int, Any]:
+    if form == "initial_epoch_not_passed":
+        dataset = tiny.dataset()
+        callback.initial_epoch(tiny.STEPS_PER_EPOCH, dataset)
+        return 0, dataset
+    if form == "other_dataset":
+        callback.initial_epoch(tiny.STEPS_PER_EPOCH, tiny.dataset())
+        return 1, tiny.dataset()
+    if form == "other_steps_per_epoch":
+        dataset = tiny.dataset()
+        return callback.initial_epoch(tiny.STEPS_PER_EPOCH - 1, dataset), dataset
+    return 0, tiny.dataset()
+
+
+@pytest.mark.parametrize(("form", "message"), [
+    ("no_resume_dir", "FaultTolerance() was given no resume_dir"),
+    ("initial_epoch_not_asked", "initial_epoch was not asked"),
+    ("initial_epoch_not_passed", "Model.train starts at epoch 1, but"),
+    ("other_dataset", "in another dataset than the one Model.train trains on"),
+    ("other_steps_per_epoch", "initial_epoch counted 3 steps per epoch"),
+])
+def test_a_resume_model_train_is_not_told_of_stops_before_the_first_step(
+        fakes: Any, tiny: Any, saved_mid_epoch: Path, tmp_path: Path, form: str, message: str) -> None:
+    """Every way of leaving Model.train at epoch 1 on top of a loaded step-6 checkpoint stops, naming the fix,
+    before a step is trained; the same callbacks without the checkpoint train as usual."""
+    import shutil
+
+    from ft_plugins.mindspore import FaultTolerance
+
+    directory = tmp_path / "ckpt"
+    shutil.copytree(saved_mid_epoch, directory)
+    resume_dir = "" if form == "no_resume_dir" else str(directory)
+    callback = FaultTolerance(features="mstx,resume", resume_dir=resume_dir, mstx={"backend": "mindspore"})
+    initial_epoch, dataset = _ask(callback, tiny, form)
+    fakes.clear()
+    with pytest.raises(RuntimeError, match=re.escape(message)) as refused:
+        tiny.model().train(EPOCHS, dataset, callbacks=[callback, tiny.checkpointing(directory)],
+                           initial_epoch=initial_epoch)
+    assert "tiny-2_2.ckpt" in str(refused.value) and "initial_epoch=ft.initial_epoch(" in str(refused.value)
+    assert not [c for c in fakes.calls("mstx.range_start") if c["args"][0].startswith("step ")]
+    if form == "no_resume_dir":  # the same call on a first run (nothing saved yet) trains
+        fresh = FaultTolerance(features="resume")
+        tiny.model().train(1, tiny.dataset(), callbacks=[fresh, tiny.checkpointing(tmp_path / "fresh")])
+        assert (tmp_path / "fresh" / f"tiny-1_{tiny.STEPS_PER_EPOCH}.ckpt").exists()
+
+
+def test_initial_epoch_refuses_a_mid_epoch_checkpoint_without_the_dataset(fakes: Any, tiny: Any,
+                                                                          saved_mid_epoch: Path) -> None:
+    from ft_plugins.mindspore import FaultTolerance
+
+    callback = FaultTolerance(features="resume", resume_dir=str(saved_mid_epoch))
+    with pytest.raises(ValueError, match=r"tiny-2_2.ckpt is 2 steps into epoch 2; pass the training dataset"):
+        callback.initial_epoch(tiny.STEPS_PER_EPOCH)
+    with pytest.raises(ValueError, match=r"FaultTolerance\(resume_dir=DIR\)"):
+        FaultTolerance(features="resume").initial_epoch(tiny.STEPS_PER_EPOCH)

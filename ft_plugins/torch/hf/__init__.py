@@ -1,0 +1,98 @@
+"""Hugging Face ``Trainer`` and Accelerate: the features of ``import ft_plugins.torch``, hooked when
+transformers / accelerate are imported (before or after ft_plugins).
+
+One module per feature, each one patch set over the framework-neutral core: :mod:`.mstx`,
+:mod:`.taskd`, :mod:`.resume` (Trainer) and :mod:`.accelerate` (Accelerator), and the
+fire drills of ``FT_PLUGINS_INJECT_FAULT`` (:mod:`.drill`). The Trainer's own events (step begin /
+end) reach the features through :class:`FaultToleranceCallback`, which every Trainer gets once:
+added by the ``Trainer.__init__`` hook unless the user passed one already.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable
+
+from ft_plugins.config import INJECT_VAR
+from ft_plugins.features.mstx import Mstx
+from ft_plugins.features.resume import Resume
+from ft_plugins.features.taskd import Taskd
+from ft_plugins.patching import MissingSymbol, Patch, PatchSet
+from ft_plugins.runtime import Runtime
+from ft_plugins.torch.hf import events
+
+log = logging.getLogger("ft_plugins.torch")
+
+TRAINER = "transformers.trainer"
+SUPPORTED = "transformers 4.40 to 4.57, accelerate 0.30 to 1.x"
+
+
+def _version(package: str) -> str:
+    import sys
+
+    return getattr(sys.modules.get(package), "__version__", "unknown version")
+
+
+class HFIntegration:
+    """The patch sets for the features that are on; ``apply``/``remove`` are symmetric and idempotent."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.patch_sets: list[PatchSet] = []
+        self.listeners: list[Any] = []
+        mstx = runtime.running(Mstx)
+        if mstx is not None:
+            from ft_plugins.torch.hf.mstx import TrainerRanges
+
+            self._add("mstx", TrainerRanges(mstx))
+        taskd = runtime.running(Taskd)
+        if taskd is not None:
+            from ft_plugins.torch.hf.taskd import WorkerStart
+
+            self._add("taskd", WorkerStart(taskd))
+        resume = runtime.running(Resume)
+        if resume is not None:
+            from ft_plugins.torch.hf.accelerate import AcceleratorResume
+            from ft_plugins.torch.hf.resume import TrainerResume
+
+            self._add("resume", TrainerResume(resume), AcceleratorResume(resume))
+        if os.environ.get(INJECT_VAR, "").strip():
+            from ft_plugins.torch.hf.drill import TrainerDrill
+
+            self._add("faults", TrainerDrill())
+        if self.patch_sets:
+            self.patch_sets.append(PatchSet("callback", (Patch(TRAINER, "Trainer.__init__", _add_callback),),
+                                            self._missing))
+
+    def _add(self, feature: str, *parts: Any) -> None:
+        """``parts`` give ``patches()``; those with Trainer events (``on_step_begin`` ...) listen to them."""
+        patches = tuple(patch for part in parts for patch in part.patches())
+        self.patch_sets.append(PatchSet(feature, patches, self._missing))
+        self.listeners += [part for part in parts if hasattr(part, "on_event")]
+
+    def apply(self) -> None:
+        events.LISTENERS[:] = self.listeners
+        for patch_set in self.patch_sets:
+            patch_set.apply()
+
+    def remove(self) -> None:
+        for patch_set in reversed(self.patch_sets):
+            patch_set.remove()
+        events.LISTENERS.clear()
+
+    def _missing(self, patch_set: PatchSet, error: MissingSymbol) -> None:
+        package = str(error).split(".", 1)[0]
+        self.runtime.disable(patch_set.name, f"{error} in {package} {_version(package)}: this layout is not "
+                                             f"supported ({SUPPORTED})")
+
+
+def _add_callback(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+    """``Trainer.__init__``: the Trainer gets one FaultToleranceCallback, unless it was given one."""
+    result = wrapped(*args, **kwargs)
+    from ft_plugins.torch.hf.callback import FaultToleranceCallback
+
+    handler = getattr(instance, "callback_handler", None)
+    if handler is not None and not any(isinstance(cb, FaultToleranceCallback) for cb in handler.callbacks):
+        handler.add_callback(FaultToleranceCallback())
+    return result

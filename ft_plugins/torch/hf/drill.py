@@ -1,0 +1,63 @@
+"""Fire drills in Trainer workers: the faults of ``FT_PLUGINS_INJECT_FAULT`` where they are named.
+
+``step=N`` is the optimizer step that starts after N completed steps. ``at=forward`` fires as its first
+micro-batch starts (``training_step``), ``at=update`` inside the optimizer's ``step`` (Accelerate's
+``AcceleratedOptimizer.step``), ``at=save`` as the rank writes its own part of ``checkpoint-N`` (its RNG
+file: ``_save_rng_state``, after the save's collective ``store_flos``), or as
+Accelerate starts writing the files of ``checkpoint_N`` (``save_accelerator_state``: its folder exists,
+older ones stock Accelerate pruned already). Independent of the features, like the Megatron drill:
+the same drill runs with ``FT_PLUGINS=none`` to show what a fault costs without ft_plugins.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable
+
+from ft_plugins import faults
+from ft_plugins.patching import Patch
+from ft_plugins.torch.hf.agree import rank
+from ft_plugins.torch.hf.resume import _number
+
+log = logging.getLogger("ft_plugins.faults")
+
+TRAINER = "transformers.trainer"
+
+
+class TrainerDrill:
+    def __init__(self) -> None:
+        self._planned: list[faults.Fault] | None = None
+        self._step = 0
+
+    def patches(self) -> tuple[Patch, ...]:
+        return (Patch(TRAINER, "Trainer.training_step", self.training_step),
+                Patch("accelerate.optimizer", "AcceleratedOptimizer.step", self.update),
+                Patch(TRAINER, "Trainer._save_rng_state", self.save_checkpoint),
+                Patch("accelerate.checkpointing", "save_accelerator_state", self.save_state))
+
+    def training_step(self, wrapped: Callable[..., Any], trainer: Any, args: tuple, kwargs: dict) -> Any:
+        self._step = trainer.state.global_step
+        self._fire("forward", self._step)
+        return wrapped(*args, **kwargs)
+
+    def update(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        self._fire("update", self._step)
+        return wrapped(*args, **kwargs)
+
+    def save_checkpoint(self, wrapped: Callable[..., Any], trainer: Any, args: tuple, kwargs: dict) -> Any:
+        self._fire("save", trainer.state.global_step)
+        return wrapped(*args, **kwargs)
+
+    def save_state(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        self._fire("save", _number(os.fspath(kwargs.get("output_dir", args[0] if args else ""))))
+        return wrapped(*args, **kwargs)
+
+    def _fire(self, point: str, step: int) -> None:
+        if self._planned is None:
+            self._planned = list(faults.planned(rank()))
+        for fault in self._planned:
+            if fault.at == point and fault.step == step:
+                self._planned.remove(fault)
+                log.warning("firing injected fault %s", fault)
+                faults.fire(fault)
