@@ -13,8 +13,8 @@ generation; the workers (:mod:`ft_plugins.torch.recover`) meet in it. Every key 
 | ``g<G>/joined`` | the replacement | it is ready to rebuild the groups with the survivors |
 | ``g<G>/done`` | every rank (``add``) | ranks that finished generation G's repair |
 
-A replacement learns its generation and which life of its rank it is from ``FT_PLUGINS_REPLACEMENT``
-(``<generation>,<life>``), set by the launcher in its environment only.
+``FT_PLUGINS_RECOVERY`` tells a worker that a launcher replaces lost workers (``0,0``), or, in a
+replacement, its generation and which life of its rank it is (``<generation>,<life>``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from typing import Mapping, NamedTuple
 
-from ft_plugins.config import REPLACEMENT_VAR
+from ft_plugins.config import RECOVERY_VAR
 
 PREFIX = "ft_plugins/recover"
 DEFAULT_TIMEOUT = 180.0  # seconds, as MindIO's TTP_NORMAL_ACTION_TIME_LIMIT
@@ -35,10 +35,15 @@ class Replacement(NamedTuple):
 
 def replacement(env: Mapping[str, str]) -> Replacement | None:
     """This process's place when the launcher started it as a replacement, else None (also when malformed)."""
-    generation, _, life = env.get(REPLACEMENT_VAR, "").partition(",")
-    if not (generation.isdigit() and life.isdigit()):
+    generation, _, life = env.get(RECOVERY_VAR, "").partition(",")
+    if not (generation.isdigit() and life.isdigit()) or int(generation) == 0:
         return None
     return Replacement(int(generation), int(life))
+
+
+def supervised(env: Mapping[str, str]) -> bool:
+    """Whether this worker's launcher replaces lost workers (``recover``'s agent in torchrun)."""
+    return bool(env.get(RECOVERY_VAR))
 
 
 def replacement_value(generation: int, life: int) -> str:

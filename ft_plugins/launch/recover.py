@@ -3,7 +3,7 @@
 torch 2.13's ``LocalElasticAgent`` answers any worker failure by stopping every local worker and
 starting them all again. With ``recover`` on, :class:`Supervisor` looks at the workers first on each
 monitoring round: a worker that exited with an error is replaced by a new process with the same
-``RANK`` / ``LOCAL_RANK`` (and ``FT_PLUGINS_REPLACEMENT`` naming its generation), the generation is
+``RANK`` / ``LOCAL_RANK`` (and ``FT_PLUGINS_RECOVERY`` naming its generation), the generation is
 announced on the agent's store (:mod:`ft_plugins.recovery`), and the other workers are never
 signalled. torchrun's own handling runs instead, which ends in ``ttp``'s dump and a whole-job restart,
 when recovery cannot work: the store is not the agent's, a second worker fails before the current
@@ -17,6 +17,7 @@ import os
 from datetime import timedelta
 from typing import Any, Callable
 
+from ft_plugins.config import RECOVERY_VAR
 from ft_plugins.recovery import key, namespace, replacement_value
 
 log = logging.getLogger("ft_plugins.recover")
@@ -110,9 +111,7 @@ class Supervisor:
         """A new worker process exactly as torchrun started the lost one, plus its place in the recovery."""
         from torch.distributed.elastic.multiprocessing.subprocess_handler import get_subprocess_handler
 
-        from ft_plugins.config import REPLACEMENT_VAR
-
-        env = {**context.envs[local_rank], REPLACEMENT_VAR: place}
+        env = {**context.envs[local_rank], RECOVERY_VAR: place}
         return get_subprocess_handler(entrypoint=context.entrypoint, args=context.args[local_rank], env=env,
                                       stdout=context.stdouts[local_rank], stderr=context.stderrs[local_rank],
                                       local_rank_id=local_rank, numa_options=getattr(context, "_numa_options", None))
@@ -122,6 +121,7 @@ def install() -> bool:
     """Called in the torchrun launcher when ``recover`` is on; never raises (torchrun then runs as usual)."""
     try:
         Supervisor().install()
+        os.environ[RECOVERY_VAR] = replacement_value(0, 0)  # every worker started knows a launcher replaces it
     except Exception as exc:
         log.warning("recover: torchrun's agent not adapted (%s: %s); a lost rank restarts the whole job",
                     type(exc).__name__, exc)

@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterator
 from ft_plugins import faults
 from ft_plugins.features.recover import Recover
 from ft_plugins.patching import Patch
-from ft_plugins.recovery import Standing, key, namespace, plan, replacement
+from ft_plugins.recovery import Standing, key, namespace, plan, replacement, supervised
 from ft_plugins.torch.handover import Batches, apply, receive, send, set_rng, state_at
 from ft_plugins.torch.regroup import Regroup
 from ft_plugins.torch.ttp import EXIT_ON_ERROR, FORWARD, UPDATED, BuiltinEngine
@@ -99,6 +99,10 @@ class MegatronRecovery:
             megatron_args.load, megatron_args.pretrained_checkpoint = load, pretrained
 
     def train(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        if not supervised(os.environ):  # ttp alone handles a failure, as without this feature
+            _rank_zero("recover: no launcher replaces a lost worker here (launch with `ft-plugins run -- torchrun "
+                       "...`, recover in FT_PLUGINS); a failure is ttp's alone")
+            return wrapped(*args, **kwargs)
         names = ("forward_step_func", "model", "optimizer", "opt_param_scheduler", "train_data_iterator")
         given = {**dict(zip(names, args)), **kwargs}
         self.refusal = self._unsupported(given["train_data_iterator"])
