@@ -41,6 +41,7 @@ from typing import Any, Callable
 from ft_plugins.checkpoint.dump import Part, commit_dump, complete_pending, tracker_iteration, write_part
 from ft_plugins.faults import RESTART_VAR
 from ft_plugins.features.ttp import Ttp
+from ft_plugins.logs import exit_now
 from ft_plugins.vendors.mindio import TorchProcess
 
 log = logging.getLogger("ft_plugins.ttp")
@@ -237,7 +238,7 @@ class BuiltinEngine:
         if error is not None:
             log.error("ttp: %s", "".join(traceback.format_exception(type(error), error, error.__traceback__)))
         self._save(reason, started, snapshot, commit=True)
-        _exit(code)
+        exit_now(code)
 
     def _freeze(self, main: bool, started: float) -> tuple[_Step, int, Any, int] | None:
         """Called with the lock held: from now on the main thread changes no state; the last completed step."""
@@ -417,7 +418,7 @@ class MindioEngine(BuiltinEngine):
         log.warning("ttp: MindIO rename of step %d: %s", step, self._commit(self._save_dir(), step))
 
     def exit(self, *args: Any) -> None:
-        _exit(EXIT_ON_ERROR)
+        exit_now(EXIT_ON_ERROR)
 
     # -- what differs from the built-in engine -----------------------------------------------------
     def _step_begins(self) -> None:
@@ -517,19 +518,3 @@ def _claim(key: str) -> bool:
     except Exception as exc:
         log.info("ttp: writer claim unavailable (%s: %s); writing anyway", type(exc).__name__, exc)
         return True
-
-
-def _exit(code: int) -> None:
-    """Leave now: flush what was logged and written, then ``os._exit`` (no interpreter teardown)."""
-    for handler in logging.getLogger().handlers + logging.getLogger("ft_plugins").handlers:
-        try:
-            handler.flush()
-        except Exception:
-            pass
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-            os.fsync(stream.fileno())
-        except Exception:
-            pass
-    os._exit(code)
