@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from ft_plugins.config import INJECT_VAR
 from ft_plugins.features.mstx import DATALOADER, SAVE_CHECKPOINT, Mstx
+from ft_plugins.features.recover import Recover
 from ft_plugins.features.resume import Resume
 from ft_plugins.features.taskd import Taskd
 from ft_plugins.features.ttp import Ttp
@@ -111,6 +112,7 @@ class MegatronIntegration:
             from ft_plugins.torch.ttp import BuiltinEngine, MindioEngine
 
             engine = (MindioEngine if ttp.engine == "mindio" else BuiltinEngine)(ttp)
+            self._recover(engine)  # inside ttp's step hook: a recovered step never reaches ttp's dump
             mindio = [Patch(INITIALIZE, "_initialize_distributed", engine.initialize_distributed),
                       Patch(TRAINING, "train", engine.train),
                       Patch(MINDSPEED_LLM_TRAINING, "train", engine.train, required=False),
@@ -122,6 +124,22 @@ class MegatronIntegration:
                         for name in UPDATES),
                       Patch(CHECKPOINTING, "save_checkpoint", engine.save_checkpoint),
                       Patch(CHECKPOINTING, "load_checkpoint", engine.load_checkpoint))
+        elif runtime.running(Recover) is not None:
+            runtime.disable("recover", "it needs ttp's built-in engine (FT_PLUGINS=recover,ttp): its step tracking, "
+                            "and its dump when recovery cannot work")
+
+    def _recover(self, engine: Any) -> None:
+        """``recover`` on ttp's built-in engine (its step tracking, its dump as the fallback)."""
+        recover = self.runtime.running(Recover)
+        if recover is None:
+            return
+        if engine.feature.engine != "builtin":
+            self.runtime.disable("recover", "in-place recovery runs on ttp's built-in engine; with MindIO, "
+                                 "MindIO's own repair handlers decide (FT_PLUGINS_TTP_ENGINE=builtin to use it)")
+            return
+        from ft_plugins.torch.recover import MegatronRecovery
+
+        self._add("recover", *MegatronRecovery(recover, engine).patches())
 
     def _add(self, feature: str, *patches: Patch) -> None:
         self.patch_sets.append(PatchSet(feature, patches, self._missing))
