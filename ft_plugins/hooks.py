@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from ft_plugins.config import ConfigError
 from ft_plugins.features.mstx import Mstx
+from ft_plugins.features.recover import Recover
 from ft_plugins.features.resume import Resume
 from ft_plugins.features.taskd import Taskd
 from ft_plugins.rank import global_rank
@@ -90,9 +91,15 @@ def named_range(name: str, framework: str = "pt") -> _Range:
 
 def prepare_launcher(launcher: str) -> bool:
     """In the launcher process (``torchrun``), before its agent starts: the launcher side of the
-    features, i.e. TaskD's elastic-agent patch for process recovery. Never raises."""
+    features, i.e. TaskD's elastic-agent patch for process recovery, and ``recover``'s agent that
+    restarts only a failed worker. Never raises."""
     taskd = _running(Taskd, "pt")
-    return taskd is not None and taskd.prepare_launcher(launcher)
+    prepared = taskd is not None and taskd.prepare_launcher(launcher)
+    if launcher == "torchrun" and _running(Recover, "pt") is not None:
+        from ft_plugins.launch import recover
+
+        prepared = recover.install() or prepared
+    return prepared
 
 
 def newest_intact_checkpoint(directory: str, format: str = "auto", framework: str = "pt") -> str | None:

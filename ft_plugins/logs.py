@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import sys
 
 from ft_plugins.rank import env_rank
 
@@ -22,3 +24,20 @@ def setup(level: str) -> None:
     handler.setFormatter(logging.Formatter(f"[%(name)s rank {shown}] %(levelname)s %(message)s"))
     logger.addHandler(handler)
     logger.propagate = False
+
+
+def exit_now(code: int) -> None:
+    """Leave now: flush what was logged and written, then ``os._exit`` (no interpreter teardown: after a
+    dying-gasp dump the main thread may sit in a collective that never returns)."""
+    for handler in logging.getLogger().handlers + logging.getLogger("ft_plugins").handlers:
+        try:
+            handler.flush()
+        except Exception:
+            pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+            os.fsync(stream.fileno())
+        except Exception:
+            pass
+    os._exit(code)

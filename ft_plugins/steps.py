@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, NamedTuple
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, NamedTuple
 
 # where the training step stands
 IDLE, FORWARD, UPDATE, UPDATED = "idle", "forward", "update", "updated"
@@ -100,6 +101,39 @@ class StepTracker:
         with self._cond:
             self._main_parked = True
             self._cond.notify_all()
+
+    @contextmanager
+    def standing_still(self) -> Iterator[None]:
+        """The main thread changes no state for a while (e.g. while it waits for a repair), so a freeze
+        need not wait for it; once frozen meanwhile, it never goes on."""
+        self.stand_still()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._park_if_frozen()
+                self._main_parked = False
+
+    @contextmanager
+    def holding(self) -> Iterator[None]:
+        """The tracker's lock, for a driver that changes the step's state (no freeze sees it half-changed)."""
+        with self._cond:
+            yield
+
+    def peek(self) -> Frozen | None:
+        """The state a freeze would return now, without freezing (call it holding the lock when it must not move)."""
+        with self._cond:
+            return None if self.payload is None else Frozen(self.phase, self.completed, self._update_ok,
+                                                            self.payload, self.torn)
+
+    def mark_torn(self) -> None:
+        """This rank's state is not worth saving until a driver :meth:`align` s it again."""
+        with self._cond:
+            self.torn = True
+
+    def align(self, phase: str) -> None:
+        """Called holding the lock: a driver replaced the step's state; it stands in ``phase``, whole."""
+        self.phase, self.torn, self._update_ok = phase, False, True
 
     def freeze(self, wait: float, exclusive: bool = True) -> Frozen | None:
         """Stop the main thread changing state and return the state to save; None when no step began. A rank past its update gets ``wait`` seconds to finish the

@@ -14,11 +14,11 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sys
 import threading
 import traceback
 from typing import Any, Callable
 
+from ft_plugins.logs import exit_now
 from ft_plugins.steps import AlreadyFrozen, Frozen, StepTracker
 
 log = logging.getLogger("ft_plugins.ttp")
@@ -76,19 +76,3 @@ def watch_signal(signum: int, act: Callable[[], None], name: str) -> None:
     signal.signal(signum, chained)
     signal.set_wakeup_fd(writer, warn_on_full_buffer=False)
     threading.Thread(target=watch, name=name, daemon=True).start()
-
-
-def exit_now(code: int) -> None:
-    """Leave now: flush what was logged and written, then ``os._exit`` (no interpreter teardown)."""
-    for handler in logging.getLogger().handlers + logging.getLogger("ft_plugins").handlers:
-        try:
-            handler.flush()
-        except Exception:
-            pass
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-            os.fsync(stream.fileno())
-        except Exception:
-            pass
-    os._exit(code)

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from ft_plugins.config import INJECT_VAR
 from ft_plugins.features.mstx import DATALOADER, SAVE_CHECKPOINT, Mstx
+from ft_plugins.features.recover import Recover
 from ft_plugins.features.resume import Resume
 from ft_plugins.features.taskd import Taskd
 from ft_plugins.features.ttp import Ttp
@@ -70,7 +71,25 @@ class MegatronIntegration:
         if ttp is not None:  # added after resume: its load wrapper commits before resume chooses
             from ft_plugins.torch.ttp import MegatronTtp
 
-            self._add("ttp", *MegatronTtp(ttp, runtime.config.strict).patches())
+            glue = MegatronTtp(ttp, runtime.config.strict)
+            self._recover(glue)  # inside ttp's step hook: a recovered step never reaches ttp's dump
+            self._add("ttp", *glue.patches())
+        if runtime.running(Recover) is not None and (ttp is None or getattr(ttp, "engine", None) is None):
+            runtime.disable("recover", "it needs ttp's built-in engine (FT_PLUGINS=recover,ttp): its step tracking, "
+                            "and its dump when recovery cannot work")
+
+    def _recover(self, ttp: Any) -> None:
+        """``recover`` on ttp's built-in engine (its step tracker, its dump as the fallback)."""
+        recover = self.runtime.running(Recover)
+        if recover is None or ttp.engine is None:
+            return
+        if ttp.engine != "builtin":
+            self.runtime.disable("recover", "in-place recovery runs on ttp's built-in engine; with MindIO, "
+                                 "MindIO's own repair handlers decide (FT_PLUGINS_TTP_ENGINE=builtin to use it)")
+            return
+        from ft_plugins.torch.recover import MegatronRecovery
+
+        self._add("recover", *MegatronRecovery(recover, ttp).patches())
 
     def _add(self, feature: str, *patches: Patch) -> None:
         self.patch_sets.append(PatchSet(feature, patches, self._missing))

@@ -119,11 +119,11 @@ class MegatronDump:
                 if frozen is not None and distributed_optimizer():
                     instance_state(frozen.payload.optimizer, -1)  # the instance's others learn it, write nothing
             else:
-                self._write(reason, started, *self._snapshot(frozen), commit=commit)
+                self._write(reason, started, *self.snapshot(frozen), commit=commit)
         except Exception as exc:  # never a half-committed dump: the commit checks every part
             log.error("ttp: dump failed: %s: %s", type(exc).__name__, exc)
 
-    def _snapshot(self, frozen: Frozen) -> tuple[MegatronStep, int, Any, int]:
+    def snapshot(self, frozen: Frozen) -> tuple[MegatronStep, int, Any, int]:
         """(step, K, rng_state, consumed samples) as a save at the last completed step K would hold them."""
         step: MegatronStep = frozen.payload
         if frozen.phase == FORWARD:
@@ -172,7 +172,7 @@ class MegatronDump:
         model = megatron("training.utils").unwrap_model(step.model)
         state = checkpointing.generate_state_dict(state_args, model, step.optimizer, step.scheduler, rng,
                                                   iteration=iteration)
-        state["num_floating_point_operations_so_far"] = self._flops(iteration, parsed)
+        state["num_floating_point_operations_so_far"] = self.flops(iteration, parsed)
         writes[FILENAME] = lambda path: torch.save(state, path)
         write_part(save_dir, Part(shard, iteration, shards, rank), writes)
         written = time.monotonic()
@@ -186,7 +186,7 @@ class MegatronDump:
         status = "committed" if outcome.committed else f"not committed yet ({'; '.join(outcome.reasons)})"
         return f"{status}: {outcome.path}"
 
-    def _flops(self, iteration: int, parsed: Any) -> float:
+    def flops(self, iteration: int, parsed: Any) -> float:
         """What ``train()`` counts as ``num_floating_point_operations_so_far`` at ``iteration``."""
         loaded, flops = self._loaded
         per_step = megatron("training.training").num_floating_point_operations(parsed, parsed.global_batch_size)

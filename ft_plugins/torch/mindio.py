@@ -19,7 +19,8 @@ from ft_plugins.rank import env_rank
 from ft_plugins.steps import UPDATED, StepTracker
 from ft_plugins.torch.megatron_dump import MegatronDump
 from ft_plugins.torch.state import megatron, megatron_args
-from ft_plugins.triggers import EXIT_ON_ERROR, UPDATE_WAIT, exit_now
+from ft_plugins.logs import exit_now
+from ft_plugins.triggers import EXIT_ON_ERROR, UPDATE_WAIT
 from ft_plugins.vendors.mindio import TorchProcess, load_framework_api
 
 log = logging.getLogger("ft_plugins.ttp")
