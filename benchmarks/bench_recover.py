@@ -6,10 +6,12 @@ torchrun --standalone`` with the same arguments and a SIGKILL of rank 1 as the s
 completed steps begins:
   clean     FT_PLUGINS=ttp,resume, no fault                      (the baseline)
   in place  FT_PLUGINS=ttp,recover                               (a fresh replacement process joins)
+  spare     the same with FT_PLUGINS_RECOVER_SPARES=1             (a warm spare, torch and megatron imported,
+            takes over)
   restart   FT_PLUGINS=ttp,resume, --max-restarts 1              (the survivors dump, torchrun restarts all
             four workers, they resume from the dump through --load)
-Rounds alternate the three, so machine noise hits all alike. Prints each fault's cost (median over
-rounds) and the ratio in place / restart; and, from the in-place runs' own lines, the time from the
+Rounds alternate the four, so machine noise hits all alike. Prints each fault's cost (median over
+rounds) and the ratios in place / restart and spare / restart; and, from the in-place runs' own lines, the time from the
 fault to every rank standing at K again.
 
     python benchmarks/bench_recover.py [--iters 12] [--fault 4] [--rounds 3]
@@ -65,27 +67,31 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     options = parser.parse_args()
     fault = f"rank=1,step={options.fault},kind=kill"
-    times: dict[str, list[float]] = {"clean": [], "in place": [], "restart": []}
-    repaired: list[float] = []
+    times: dict[str, list[float]] = {"clean": [], "in place": [], "spare": [], "restart": []}
+    repaired: dict[str, list[float]] = {"in place": [], "spare": []}
     for _ in range(options.rounds):
         for name in times:
             with tempfile.TemporaryDirectory() as tmp:
                 env = ({"FT_PLUGINS": "ttp,resume"} if name == "clean" else
-                       {"FT_PLUGINS": "ttp,recover", "FT_PLUGINS_INJECT_FAULT": fault} if name == "in place" else
-                       {"FT_PLUGINS": "ttp,resume", "FT_PLUGINS_INJECT_FAULT": fault})
+                       {"FT_PLUGINS": "ttp,resume", "FT_PLUGINS_INJECT_FAULT": fault} if name == "restart" else
+                       {"FT_PLUGINS": "ttp,recover", "FT_PLUGINS_INJECT_FAULT": fault,
+                        "FT_PLUGINS_RECOVER_SPARES": "1" if name == "spare" else "0"})
                 elapsed, output = _run(Path(tmp), options.iters, name == "restart", **env)
             times[name].append(elapsed)
-            repaired += [float(value) for value in REPAIRED.findall(output)]
+            if name in repaired:
+                repaired[name] += [float(value) for value in REPAIRED.findall(output)]
             print(f"{name:9s} {elapsed:6.1f} s", flush=True)
     clean = statistics.median(times["clean"])
     cost = {name: statistics.median(values) - clean for name, values in times.items() if name != "clean"}
     print(f"\nuninterrupted run: {clean:.1f} s (median of {options.rounds})")
     for name, value in cost.items():
         print(f"a lost rank costs {value:6.1f} s {name}")
-    print(f"in place / dump + whole restart: {cost['in place'] / cost['restart']:.2f}")
-    if repaired:
-        print(f"fault to every rank standing at K again (rank 0's line): median {statistics.median(repaired):.1f} s "
-              f"of {len(repaired)}")
+    for name in ("in place", "spare"):
+        print(f"{name} / dump + whole restart: {cost[name] / cost['restart']:.2f}")
+    for name, values in repaired.items():
+        if values:
+            print(f"{name}: rank 0 caught the fault to every rank standing at K again: median "
+                  f"{statistics.median(values):.1f} s of {len(values)}")
 
 
 if __name__ == "__main__":
