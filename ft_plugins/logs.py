@@ -6,6 +6,8 @@ import logging
 import os
 import sys
 
+from ft_plugins.rank import env_rank
+
 
 def setup(level: str) -> None:
     """Give the ``ft_plugins`` logger a stderr handler unless the application configured logging.
@@ -16,12 +18,10 @@ def setup(level: str) -> None:
     logger.setLevel(level.upper())
     if logger.handlers or logging.getLogger().handlers:
         return
-    rank = next((os.environ[var] for var in ("RANK", "RANK_ID", "MS_NODE_ID") if os.environ.get(var)), None)
-    if rank is None:  # no launcher's rank: a single-process job is rank 0, a larger one not yet known
-        single = all(os.environ.get(var, "1") in ("", "1") for var in ("WORLD_SIZE", "MS_WORKER_NUM"))
-        rank = "0" if single else "?"
+    rank = env_rank()  # the launcher's word: the handler is made before any framework is initialized
     handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter(f"[%(name)s rank {rank}] %(levelname)s %(message)s"))
+    shown = "?" if rank is None else rank
+    handler.setFormatter(logging.Formatter(f"[%(name)s rank {shown}] %(levelname)s %(message)s"))
     logger.addHandler(handler)
     logger.propagate = False
 

@@ -61,7 +61,7 @@ class Snapshot(NamedTuple):
 
 
 class Target(NamedTuple):
-    """Where the dump goes: the save root, this rank's directory's name pattern, the prefix, the ranks."""
+    """Where the dump goes and how its files are named: as the run's ModelCheckpoint names its own."""
 
     directory: str  # this rank's directory
     per_rank: bool  # ``<root>/rank_N`` directories: every rank's file is written
@@ -81,7 +81,7 @@ class DumpEngine:
         self.step_started: float | None = None  # monotonic time the running step began; None between steps
         self.durations: deque[float] = deque(maxlen=20)
         self.peers: list[int] = []
-        self.written: set[tuple[int, int]] = set()  # (step, rank) files this process wrote or found written
+        self.written: set[tuple[int, int]] = set()  # (step, rank) of the files this process tried to write
         self.lock = threading.Lock()
         self.stopped = threading.Event()
         self.copy_seconds = 0.0

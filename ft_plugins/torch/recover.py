@@ -25,20 +25,22 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import sys
 import time
 import traceback
-from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from ft_plugins import faults
 from ft_plugins.features.recover import Recover
 from ft_plugins.patching import Patch
+from ft_plugins.rank import global_rank, is_rank_zero
 from ft_plugins.recovery import Standing, key, namespace, plan, replacement, supervised
+from ft_plugins.steps import FORWARD, UPDATED
 from ft_plugins.torch.handover import Batches, apply, receive, send, set_rng, state_at
 from ft_plugins.torch.regroup import Regroup
-from ft_plugins.torch.ttp import EXIT_ON_ERROR, FORWARD, UPDATED, BuiltinEngine
+from ft_plugins.torch.state import current_iteration, megatron
+from ft_plugins.torch.ttp import MegatronTtp
+from ft_plugins.triggers import EXIT_ON_ERROR
 
 log = logging.getLogger("ft_plugins.recover")
 
@@ -51,16 +53,12 @@ class Fallback(RuntimeError):
     """Recovery cannot work; the message says why."""
 
 
-def _megatron(name: str) -> Any:
-    return sys.modules[f"megatron.{name}"]
-
-
 class MegatronRecovery:
     """The wrappers (wrapt signature) and the recovery protocol of one worker."""
 
-    def __init__(self, feature: Recover, engine: BuiltinEngine) -> None:
+    def __init__(self, feature: Recover, ttp: MegatronTtp) -> None:
         self.feature = feature
-        self.engine = engine
+        self.tracker, self.writer, self.gasp = ttp.tracker, ttp.writer, ttp.gasp  # ttp's, shared
         self.timeout = feature.settings["timeout"]
         self.regroup = Regroup()
         place = replacement(os.environ)
@@ -87,7 +85,7 @@ class MegatronRecovery:
         """A replacement reads no checkpoint: its state comes from a peer."""
         if self.joined:
             return wrapped(*args, **kwargs)
-        megatron_args = _megatron("training.global_vars").get_args()
+        megatron_args = megatron("training.global_vars").get_args()
         load, pretrained = megatron_args.load, getattr(megatron_args, "pretrained_checkpoint", None)
         if load or pretrained:
             log.warning("recover: replacement of rank %s: --load ignored, the state comes from a peer",
@@ -124,14 +122,11 @@ class MegatronRecovery:
         return wrapped(*args, **kwargs)
 
     def train_step(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-        from ft_plugins.torch.megatron import _current_iteration
-
-        iteration = _current_iteration(args, kwargs)
+        iteration = current_iteration(args, kwargs)
         if self.batches is None and not self.refusal:  # train() was not seen: not a run this handles
             return wrapped(*args, **kwargs)
         if not self.joined:
-            with self.engine._cond:
-                self.engine._torn = True  # nothing here is worth a dump until the state came
+            self.tracker.mark_torn()  # nothing here is worth a dump until the state came
             self._repair(iteration, None)
         if self.batches is not None:
             self.batches.begin_step()
@@ -173,8 +168,6 @@ class MegatronRecovery:
         """Every rank of the generation: rebuild the groups, agree on K, hand over, stand at K."""
         import torch.distributed as dist
 
-        from ft_plugins.torch.megatron import global_rank
-
         generation, store = self.generation, self._store()
         rank, world = global_rank(), int(os.environ["WORLD_SIZE"])
         started = started or time.monotonic()
@@ -188,7 +181,7 @@ class MegatronRecovery:
                 self._held(self.regroup.join(rank, world, PrefixStore(key(generation, "world/"), store), self._roots()))
                 self.joined = True
                 standings = self._standings(generation, world)
-                mpu = _megatron("core.parallel_state")
+                mpu = megatron("core.parallel_state")
                 members = dist.get_process_group_ranks(mpu.get_data_parallel_group(with_context_parallel=True))
                 firsts: list[int] = [0] * world
                 dist.all_gather_object(firsts, min(members))
@@ -210,12 +203,12 @@ class MegatronRecovery:
 
     def _hand_over(self, rank: int, decided: Any, index: int, mine: tuple[Standing, Any] | None, iteration: int) -> str:
         """Send or receive the state at K inside this data-parallel group; leave this rank at exactly K."""
-        mpu = _megatron("core.parallel_state")
+        mpu = megatron("core.parallel_state")
         group = mpu.get_data_parallel_group_gloo(with_context_parallel=True) or mpu.get_data_parallel_group(
             with_context_parallel=True)
         model, optimizer, scheduler = self.objects
         source, receivers = decided.sources[index], decided.receivers[index]
-        per_step = _megatron("core.num_microbatches_calculator").get_num_microbatches()
+        per_step = megatron("core.num_microbatches_calculator").get_num_microbatches()
         if rank == source and receivers:
             step, completed, rng, consumed = mine[1]
             sent = send(state_at(model, optimizer, scheduler, completed, rng, consumed, mine[0].flops), receivers, group)
@@ -223,14 +216,14 @@ class MegatronRecovery:
                         sent / 1e6, "" if len(receivers) == 1 else "s", ", ".join(map(str, receivers)))
         if mine is None:  # the replacement: its counters were set at train; the step runs as usual
             state = receive(source, group)
-            with self.engine._cond:
+            with self.tracker.holding():
                 apply(state, model, optimizer, scheduler)
                 self._align(FORWARD, state["rng_state"])
             return REPEAT
         outcome = REPEAT if decided.step == iteration else BEHIND if decided.step == iteration + 1 else ""
         if not outcome:
             raise Fallback(f"step {decided.step} is not within one step of this rank's {iteration}")
-        with self.engine._cond:
+        with self.tracker.holding():
             if rank in receivers:
                 state = receive(source, group)
                 apply(state, model, optimizer, scheduler)
@@ -249,7 +242,7 @@ class MegatronRecovery:
 
     def _enter(self) -> None:
         """The replacement, before ``train`` starts: K and the counters at K from the survivors' standings."""
-        megatron_args = _megatron("training.global_vars").get_args()
+        megatron_args = megatron("training.global_vars").get_args()
         world = int(os.environ["WORLD_SIZE"])
         try:
             self._await(self.generation, "lost", "the launcher's announcement")
@@ -261,7 +254,7 @@ class MegatronRecovery:
         megatron_args.iteration = newest.completed
         megatron_args.consumed_train_samples = newest.consumed
         megatron_args.num_floating_point_operations_so_far = newest.flops
-        self.batches.skip(newest.completed * _megatron("core.num_microbatches_calculator").get_num_microbatches())
+        self.batches.skip(newest.completed * megatron("core.num_microbatches_calculator").get_num_microbatches())
         log.warning("recover: replacement of rank %s (generation %d) starts at step %d, as the survivors",
                     os.environ.get("RANK"), self.generation, newest.completed + 1)
 
@@ -277,24 +270,24 @@ class MegatronRecovery:
                 self.regroup.hold(dist.get_rank(), dist.get_world_size(), _holding_store(self._store()), self._roots())
         except Exception as exc:
             log.info("recover: groups not held before the dump: %s: %s", type(exc).__name__, exc)
-        self.engine._dump(f"recover fell back ({reason})", EXIT_ON_ERROR)
+        self.gasp.fire(f"recover fell back ({reason})", EXIT_ON_ERROR)
 
     # -- helpers -----------------------------------------------------------------------------------
     def _standing(self, iteration: int) -> tuple[Standing, Any]:
-        """Where this survivor stands, from ttp's step tracking (the snapshot a dump at this moment would take)."""
-        engine = self.engine
-        with engine._cond:
-            snapshot = engine._snapshot()
-        megatron_args = _megatron("training.global_vars").get_args()
+        """Where this survivor stands, from ttp's step tracker (the snapshot a dump at this moment would take)."""
+        with self.tracker.holding():
+            frozen = self.tracker.peek()
+            snapshot = None if frozen is None or frozen.torn else self.writer.snapshot(frozen)
+        megatron_args = megatron("training.global_vars").get_args()
         if snapshot is None:
             return Standing(-1, iteration, 0, 0.0), None
         completed, consumed = snapshot[1], snapshot[3]
-        return Standing(completed, iteration, consumed, engine._flops(completed, megatron_args)), snapshot
+        return Standing(completed, iteration, consumed, self.writer.flops(completed, megatron_args)), snapshot
 
     def _roots(self) -> tuple[Any, ...]:
         """What holds process groups: the model chunks (DDP, its buckets), the optimizer, the model config."""
         model, optimizer, _ = self.objects
-        return model, optimizer, _megatron("core.utils").get_model_config(model[0])
+        return model, optimizer, megatron("core.utils").get_model_config(model[0])
 
     @staticmethod
     def _held(stale: list[str]) -> None:
@@ -302,27 +295,17 @@ class MegatronRecovery:
             raise Fallback(f"process groups without a successor still held: {', '.join(stale[:3])}")
 
     def _align(self, phase: str, rng: Any) -> None:
-        """Called with ttp's lock held: its step tracking says what this rank now holds."""
-        engine, (_, _, scheduler) = self.engine, self.objects
-        step = engine._step
-        engine._phase, engine._torn, engine._update_ok = phase, False, True
+        """Called holding ttp's lock: its step tracker says what this rank now holds."""
+        _, _, scheduler = self.objects
+        step = self.tracker.payload
+        self.tracker.align(phase)
         if step is not None:
             step.rng, step.scheduler_steps = rng, getattr(scheduler, "num_steps", 0)
 
-    @contextmanager
-    def _quiet(self) -> Iterator[None]:
+    def _quiet(self) -> Any:
         """The main thread changes no training state meanwhile (state is applied under ttp's lock), so a
         dump (SIGTERM) may run; once one started, the main thread never goes on."""
-        engine = self.engine
-        with engine._cond:
-            engine._main_parked = True
-            engine._cond.notify_all()
-        try:
-            yield
-        finally:
-            with engine._cond:
-                engine._park_if_dumping()
-                engine._main_parked = False
+        return self.tracker.standing_still()
 
     def _store(self) -> Any:
         if self.store is None:
@@ -353,7 +336,7 @@ class MegatronRecovery:
                 for rank in range(world) if rank != lost}
 
     def _unsupported(self, iterator: Any) -> str:
-        megatron_args = _megatron("training.global_vars").get_args()
+        megatron_args = megatron("training.global_vars").get_args()
         if isinstance(iterator, list) or megatron_args.pipeline_model_parallel_size > 1:
             return "pipeline parallelism is not handled yet (ttp's dump still is)"
         if megatron_args.use_distributed_optimizer:
@@ -368,15 +351,13 @@ def _holding_store(store: Any) -> Any:
 
 
 def _rank_zero(message: str, *values: Any) -> None:
-    from ft_plugins.torch.megatron import global_rank
-
-    if global_rank() in (None, 0):
+    if is_rank_zero():
         log.warning(message, *values)
 
 
 def _rerun_anew() -> None:
     """Megatron's rerun state machine saw the failed attempt begin: the step starts over for it too."""
-    rerun = _megatron("core.rerun_state_machine")
+    rerun = megatron("core.rerun_state_machine")
     machine = rerun.get_rerun_state_machine()
     if machine.state != rerun.RerunState.NOT_RUNNING_YET:
         machine.state = rerun.RerunState.NOT_RUNNING_YET

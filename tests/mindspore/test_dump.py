@@ -5,6 +5,7 @@ in test_msrun.py."""
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +104,32 @@ def test_training_that_raises_writes_the_last_completed_step(no_tft: Any, tiny: 
     assert sorted(ours) == sorted(theirs)
     for name in ours:
         np.testing.assert_array_equal(ours[name].asnumpy(), theirs[name].asnumpy())
+
+
+class Stall:
+    """A callback whose step ``step`` begins stuck, as behind a lost peer, until ``until`` exists (60 s at most)."""
+
+    def __init__(self, step: int, until: Path) -> None:
+        from mindspore.train import Callback
+
+        def step_begin(_self: Any, run_context: Any) -> None:
+            deadline = time.monotonic() + 60
+            while run_context.original_args().cur_step_num == step and not until.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+        self.callback = type("StallAt", (Callback,), {"on_train_step_begin": step_begin})()
+
+
+def test_a_stalled_step_writes_the_last_completed_one_once(no_tft: Any, tiny: Any, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rule for a peer lost on another node: the step has run for over STALL_STEPS medians (floor lowered
+    here from 3 s); step 6 stalls until step 5 is written, once, and training goes on."""
+    from ft_plugins.checkpoint import find_latest
+    from ft_plugins.mindspore import FaultTolerance, dump
+
+    monkeypatch.setattr(dump, "STALL_FLOOR", 0.3)
+    written = tmp_path / "tiny-2_1.ckpt"
+    callback = FaultTolerance(features="ttp,resume")
+    tiny.model().train(2, tiny.dataset(), callbacks=[callback, tiny.checkpointing(tmp_path), Stall(6, written).callback])
+    assert callback.runtime.report()["ttp"]["activity"] == f"dying-gasp checkpoints written: {written}"
+    assert find_latest(tmp_path).path == str(tmp_path / "tiny-2_4.ckpt")  # the later regular saves came after it
