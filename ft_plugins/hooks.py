@@ -104,10 +104,11 @@ def prepare_launcher(launcher: str) -> bool:
     taskd = runtime.running(Taskd)
     agent = taskd is not None and taskd.prepare_launcher(launcher)
     prepared = agent
-    if launcher == "torchrun" and runtime.running(Recover) is not None:
+    recovering = runtime.running(Recover)
+    if launcher == "torchrun" and recovering is not None:
         from ft_plugins.launch import recover
 
-        prepared = recover.install() or prepared
+        prepared = recover.install(recovering.settings["spares"]) or prepared
     on = [name for name, status in runtime.statuses.items() if status.enabled]
     log.info("%s launcher: workers start with %s%s", launcher, ", ".join(on) or "no feature on",
              "; TaskD's agent patched for process recovery" if agent else "")
