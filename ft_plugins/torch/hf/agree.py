@@ -48,3 +48,13 @@ def barrier() -> None:
     if dist is not None:
         dist.barrier()
 
+
+def claim(key: str) -> bool:
+    """Whether this rank is the one writer: the first ``store.add`` on torchrun's store (which outlives every
+    worker) wins. Without a reachable store every survivor writes (wasted work, never a wrong file)."""
+    try:
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        return int(_get_default_store().add(key, 1)) == 1
+    except Exception:
+        return True
