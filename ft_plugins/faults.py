@@ -1,10 +1,12 @@
 """Fault injection for fire drills: ``FT_PLUGINS_INJECT_FAULT`` makes a worker fail on purpose.
 
-``rank=R,step=N,kind=kill|term|exception|hang[,at=forward|update|save][,attempt=A]``; several faults
-are separated by ``;``. ``step=N`` is the step that starts after N completed steps (the one whose
+``rank=R,step=N,kind=kill|term|exception|hang[,at=forward|update|save|join][,attempt=A][,life=L]``;
+several faults are separated by ``;``. ``step=N`` is the step that starts after N completed steps (the one whose
 profiler range is ``step N``), so a dump that loses nothing holds iteration N. A fault fires once
 per job: on launcher attempt ``A`` only (default 0; torchrun's ``TORCHELASTIC_RESTART_COUNT``),
-so the restarted job trains on. Parsing is framework-neutral; where each ``at`` point lies is the
+so the restarted job trains on; and in life ``L`` of the rank only (default 0: the process first
+started; 1: its first in-place replacement, ``recover``), so a replacement does not fire its
+predecessor's fault again. ``at=join`` fires in a replacement as it joins the survivors. Parsing is framework-neutral; where each ``at`` point lies is the
 framework glue's business.
 """
 
@@ -17,10 +19,11 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from ft_plugins.config import INJECT_VAR, ConfigError
+from ft_plugins.recovery import replacement
 
 RESTART_VAR = "TORCHELASTIC_RESTART_COUNT"
 KINDS = ("kill", "term", "exception", "hang")
-POINTS = ("forward", "update", "save")
+POINTS = ("forward", "update", "save", "join")
 EXAMPLE = "rank=1,step=3,kind=kill,at=forward"
 
 
@@ -35,9 +38,11 @@ class Fault:
     kind: str
     at: str = "forward"
     attempt: int = 0
+    life: int = 0
 
     def __str__(self) -> str:
-        return f"rank={self.rank},step={self.step},kind={self.kind},at={self.at},attempt={self.attempt}"
+        life = f",life={self.life}" if self.life else ""
+        return f"rank={self.rank},step={self.step},kind={self.kind},at={self.at},attempt={self.attempt}{life}"
 
 
 def _number(key: str, raw: str, item: str, source: str) -> int:
@@ -56,8 +61,8 @@ def parse_faults(raw: str, source: str = INJECT_VAR) -> tuple[Fault, ...]:
         for pair in (part.strip() for part in item.split(",")):
             key, sep, value = pair.partition("=")
             key, value = key.strip().lower(), value.strip().lower()
-            if not sep or key not in ("rank", "step", "kind", "at", "attempt") or key in fields:
-                raise ConfigError(f"{source}: {pair!r} in {item!r} is not one of rank=, step=, kind=, at=, attempt= "
+            if not sep or key not in ("rank", "step", "kind", "at", "attempt", "life") or key in fields:
+                raise ConfigError(f"{source}: {pair!r} in {item!r} is not one of rank=, step=, kind=, at=, attempt=, life= "
                                   f"(each once); e.g. {source}={EXAMPLE!r}")
             fields[key] = value
         missing = [key for key in ("rank", "step", "kind") if key not in fields]
@@ -69,17 +74,20 @@ def parse_faults(raw: str, source: str = INJECT_VAR) -> tuple[Fault, ...]:
         if at not in POINTS:
             raise ConfigError(f"{source}: at={at!r} is not one of {', '.join(POINTS)}")
         faults.append(Fault(_number("rank", fields["rank"], item, source), _number("step", fields["step"], item, source),
-                            fields["kind"], at, _number("attempt", fields.get("attempt", "0"), item, source)))
+                            fields["kind"], at, _number("attempt", fields.get("attempt", "0"), item, source),
+                            _number("life", fields.get("life", "0"), item, source)))
     return tuple(faults)
 
 
 def planned(rank: int, env: Mapping[str, str] | None = None) -> tuple[Fault, ...]:
-    """The faults this rank fires on this launcher attempt; ConfigError for a malformed variable."""
+    """The faults this rank fires on this launcher attempt, in this life; ConfigError for a malformed variable."""
     env = os.environ if env is None else env
     attempt = env.get(RESTART_VAR, "0")
     attempt_number = int(attempt) if attempt.isdigit() else 0
+    place = replacement(env)
+    life = place.life if place is not None else 0
     return tuple(fault for fault in parse_faults(env.get(INJECT_VAR, ""))
-                 if fault.rank == rank and fault.attempt == attempt_number)
+                 if fault.rank == rank and fault.attempt == attempt_number and fault.life == life)
 
 
 def fire(fault: Fault) -> None:

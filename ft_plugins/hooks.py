@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from typing import Any, Callable
 
 from ft_plugins.config import ConfigError
-from ft_plugins.features.mstx import DATALOADER, Mstx
+from ft_plugins.features.mstx import Mstx
+from ft_plugins.features.recover import Recover
 from ft_plugins.features.resume import Resume
 from ft_plugins.features.taskd import Taskd
+from ft_plugins.rank import global_rank
 from ft_plugins.runtime import F, Runtime, activate, current
 
 log = logging.getLogger("ft_plugins")
@@ -32,34 +33,18 @@ def _runtime(framework: str) -> Runtime | None:
         return None
 
 
-def _env_rank() -> int | None:
-    for var in ("RANK", "RANK_ID"):
-        value = os.environ.get(var, "")
-        if value.isdigit():
-            return int(value)
-    return None
-
-
 def _running(kind: type[F], framework: str) -> F | None:
     runtime = _runtime(framework)
     return runtime.running(kind) if runtime is not None else None
 
 
-def _global_rank(framework: str) -> int | None:
-    """The global rank from an initialized torch process group, else RANK / RANK_ID. torch is only
-    consulted when the process already imported it: this hook must not import a framework."""
-    distributed = sys.modules.get("torch.distributed") if framework == "pt" else None
-    if distributed is not None and distributed.is_available() and distributed.is_initialized():
-        return int(distributed.get_rank())
-    return _env_rank()
-
-
 def start_taskd_worker(rank: int | None = None, framework: str = "pt") -> bool:
-    """Start this process's TaskD worker once, with the global rank (default: worked out here, see
-    :func:`_global_rank`). Never raises: a worker that cannot start is logged, training goes on."""
+    """Start this process's TaskD worker once, with the global rank (default: :func:`ft_plugins.rank.global_rank`,
+    which asks a framework only when the process imported it: this hook must not import one). Never raises:
+    a worker that cannot start is logged, training goes on."""
     try:
         taskd = _running(Taskd, framework)
-        return taskd is not None and taskd.start_worker(_global_rank(framework) if rank is None else rank)
+        return taskd is not None and taskd.start_worker(global_rank() if rank is None else rank)
     except Exception as exc:  # a source patch has no place to catch it: the training loop must not die here
         log.error("taskd: worker not started: %s: %s", type(exc).__name__, exc)
         return False
@@ -104,19 +89,17 @@ def named_range(name: str, framework: str = "pt") -> _Range:
     return _Range(mstx if mstx is not None and mstx.emits(name) else None, name)
 
 
-def ranged_batches(data_iterator: Any, framework: str = "pt") -> Any:
-    """``data_iterator`` with a ``dataloader`` range around each batch fetch; unchanged when off."""
-    mstx = _running(Mstx, framework)
-    if mstx is None or not mstx.emits(DATALOADER):
-        return data_iterator
-    return mstx.ranged(data_iterator)
-
-
 def prepare_launcher(launcher: str) -> bool:
     """In the launcher process (``torchrun``), before its agent starts: the launcher side of the
-    features, i.e. TaskD's elastic-agent patch for process recovery. Never raises."""
+    features, i.e. TaskD's elastic-agent patch for process recovery, and ``recover``'s agent that
+    restarts only a failed worker. Never raises."""
     taskd = _running(Taskd, "pt")
-    return taskd is not None and taskd.prepare_launcher(launcher)
+    prepared = taskd is not None and taskd.prepare_launcher(launcher)
+    if launcher == "torchrun" and _running(Recover, "pt") is not None:
+        from ft_plugins.launch import recover
+
+        prepared = recover.install() or prepared
+    return prepared
 
 
 def newest_intact_checkpoint(directory: str, format: str = "auto", framework: str = "pt") -> str | None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+
+from ft_plugins.rank import env_rank
 
 
 def setup(level: str) -> None:
@@ -15,11 +18,26 @@ def setup(level: str) -> None:
     logger.setLevel(level.upper())
     if logger.handlers or logging.getLogger().handlers:
         return
-    rank = next((os.environ[var] for var in ("RANK", "RANK_ID", "MS_NODE_ID") if os.environ.get(var)), None)
-    if rank is None:  # no launcher's rank: a single-process job is rank 0, a larger one not yet known
-        single = all(os.environ.get(var, "1") in ("", "1") for var in ("WORLD_SIZE", "MS_WORKER_NUM"))
-        rank = "0" if single else "?"
+    rank = env_rank()  # the launcher's word: the handler is made before any framework is initialized
     handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter(f"[%(name)s rank {rank}] %(levelname)s %(message)s"))
+    shown = "?" if rank is None else rank
+    handler.setFormatter(logging.Formatter(f"[%(name)s rank {shown}] %(levelname)s %(message)s"))
     logger.addHandler(handler)
     logger.propagate = False
+
+
+def exit_now(code: int) -> None:
+    """Leave now: flush what was logged and written, then ``os._exit`` (no interpreter teardown: after a
+    dying-gasp dump the main thread may sit in a collective that never returns)."""
+    for handler in logging.getLogger().handlers + logging.getLogger("ft_plugins").handlers:
+        try:
+            handler.flush()
+        except Exception:
+            pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+            os.fsync(stream.fileno())
+        except Exception:
+            pass
+    os._exit(code)

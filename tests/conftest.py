@@ -8,6 +8,8 @@ import pytest
 
 from support import vendor_modules_isolated
 
+pytest_plugins = ("skips_fail_in_ci",)
+
 
 @pytest.fixture
 def isolated_vendor_modules():

@@ -43,6 +43,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+LOAD_ERROR = "could not load the checkpoint"  # megatron's message when its load fails
 FT_RUN = (sys.executable, "-m", "ft_plugins.cli", "run", "--")  # `ft-plugins run --`, this interpreter's
 
 
@@ -180,8 +181,10 @@ def main() -> None:
     code, _, lines = train(alone, False, *_resume_from(alone), "--no-ft-plugins-import", iters=9,
                            must_succeed=False)
     trained = sum(1 for line in lines if " iteration " in line and "/       9 |" in line)
-    failure = next((line.strip() for line in lines if "could not load the checkpoint" in line), "no load error")
-    print(f"    exit code {code}, {trained} iterations trained; megatron said: {failure!r}")
+    # each rank says it; two ranks' output can share one line, so count the message, not the lines
+    said = sum(line.count(LOAD_ERROR) for line in lines)
+    failure = f"megatron said {LOAD_ERROR!r} on {said} rank{'s' if said > 1 else ''}" if said else "no load error"
+    print(f"    exit code {code}, {trained} iterations trained; {failure}")
     print("\n  with ft_plugins, the same command:")
     code, reports, lines = train(resumed, False, *_resume_from(resumed), iters=9)
     show_log(lines, "iteration        9/", "loaded checkpoint from")

@@ -18,17 +18,15 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Mapping
 
 from ft_plugins.checkpoint.atomic import atomic_file, fsync_directory
-from ft_plugins.checkpoint.layouts import TRACKER
-from ft_plugins.checkpoint.manifest import MANIFEST, ManifestError, write_manifest
+from ft_plugins.checkpoint.errors import ManifestError
+from ft_plugins.checkpoint.manifest import MANIFEST, write_manifest
+from ft_plugins.checkpoint.naming import ITERATION_DIR, advance_tracker, dump_dir, iteration_dir, tracker_iteration
 
 PART_RECORD = "ft_part.json"
-TMP_SUFFIX = "_tmp"
-_DUMP = re.compile(r"^iter_(\d{7})(_tmp)?$")
 
 
 @dataclass(frozen=True)
@@ -50,14 +48,6 @@ class Outcome:
     committed: bool
     path: str
     reasons: list[str] = field(default_factory=list)
-
-
-def final_dir(save_dir: str, iteration: int) -> str:
-    return os.path.join(save_dir, f"iter_{iteration:07d}")
-
-
-def dump_dir(save_dir: str, iteration: int) -> str:
-    return final_dir(save_dir, iteration) + TMP_SUFFIX
 
 
 def write_part(save_dir: str, part: Part, writes: Mapping[str, Callable[[str], None]]) -> str:
@@ -107,7 +97,7 @@ def uncovered(expected: Iterable[str], holders: Mapping[str, Iterable[int]]) -> 
 def dump_problems(directory: str) -> list[str]:
     """Why the dump in ``directory`` (``iter_K_tmp``, or ``iter_K`` renamed but not yet committed) cannot
     be committed; empty when it can."""
-    match = _DUMP.match(os.path.basename(directory))
+    match = ITERATION_DIR.match(os.path.basename(directory))
     if match is None:
         return [f"{os.path.basename(directory)} is not a dump directory (iter_NNNNNNN_tmp)"]
     iteration = int(match.group(1))
@@ -136,7 +126,7 @@ def dump_problems(directory: str) -> list[str]:
     if missing:
         problems.append(f"shard{'s' if len(missing) > 1 else ''} {', '.join(missing)} missing "
                         "(no survivor holding it wrote it)")
-    if match.group(2) and os.path.exists(final_dir(os.path.dirname(directory), iteration)):
+    if match.group(2) and os.path.exists(iteration_dir(os.path.dirname(directory), iteration)):
         problems.append(f"iter_{iteration:07d} already exists (a periodic save of the same step, maybe "
                         "half-written): the dump is not committed over it")
     return problems
@@ -154,27 +144,9 @@ def pending_reason(directory: str) -> str:
     return "dying-gasp dump complete but not committed yet (ttp commits it at the next start-up)"
 
 
-def tracker_iteration(save_dir: str) -> int | None:
-    """The iteration the tracker names; None when it is absent, ``release`` or garbage."""
-    try:
-        with open(os.path.join(save_dir, TRACKER), "rb") as handle:
-            text = handle.read(64).decode("ascii", "replace").strip()
-    except FileNotFoundError:
-        return None
-    return int(text) if text.isdigit() else None
-
-
-def _advance_tracker(save_dir: str, iteration: int) -> None:
-    """Point the tracker at ``iteration`` unless it already names a newer one; atomic (write, rename)."""
-    current = tracker_iteration(save_dir)
-    if current is None or current < iteration:
-        with atomic_file(os.path.join(save_dir, TRACKER), sync_directory=True) as handle:
-            handle.write(str(iteration))
-
-
 def commit_dump(save_dir: str, iteration: int) -> Outcome:
     """Commit the dump of ``iteration`` if it is complete; idempotent and safe to run from several ranks."""
-    final, temporary = final_dir(save_dir, iteration), dump_dir(save_dir, iteration)
+    final, temporary = iteration_dir(save_dir, iteration), dump_dir(save_dir, iteration)
     if os.path.isdir(temporary):
         problems = dump_problems(temporary)
         if problems:
@@ -195,12 +167,12 @@ def commit_dump(save_dir: str, iteration: int) -> Outcome:
             write_manifest(final, info={"dump": True, "iteration": iteration})
         except ManifestError as exc:
             return Outcome(iteration, False, final, [str(exc)])
-    _advance_tracker(save_dir, iteration)
+    advance_tracker(save_dir, iteration)
     return Outcome(iteration, True, final)
 
 
 def _is_uncommitted_dump(entry: os.DirEntry) -> bool:
-    match = _DUMP.match(entry.name)
+    match = ITERATION_DIR.match(entry.name)
     if match is None or not entry.is_dir():
         return False
     if match.group(2):
@@ -217,5 +189,5 @@ def complete_pending(save_dir: str) -> list[Outcome]:
     except FileNotFoundError:
         return []
     tracker = tracker_iteration(save_dir) or 0
-    iterations = sorted({int(_DUMP.match(entry.name).group(1)) for entry in entries}, reverse=True)
+    iterations = sorted({int(ITERATION_DIR.match(entry.name).group(1)) for entry in entries}, reverse=True)
     return [commit_dump(save_dir, iteration) for iteration in iterations if iteration > tracker]

@@ -14,17 +14,32 @@ import os
 from typing import Any, Iterable, Mapping
 
 from ft_plugins.checkpoint.atomic import atomic_file
+from ft_plugins.checkpoint.errors import ManifestError
 from ft_plugins.checkpoint.probes import is_inside, open_regular, read_json
 
+# the manifests' names, owned here: one per checkpoint directory, one per rank's file, one beside a lone file
 MANIFEST = "ft_manifest.json"
+RANK_MANIFEST_PREFIX = "ft_manifest-"
 VERSION = 1
 _HEAD = 4 << 10
 _TAIL = 64 << 10
 _CHUNK = 8 << 20
 
 
-class ManifestError(ValueError):
-    """A manifest that cannot be written or read; the message says which file and why."""
+def manifest_name(checkpoint_name: str) -> str:
+    """The commit manifest of one rank's MindSpore save, written beside its ``.ckpt`` file, named after it
+    (two saves with the same epoch/step in their names, e.g. before and after a resume, keep their own)."""
+    stem = checkpoint_name[:-len(".ckpt")] if checkpoint_name.endswith(".ckpt") else checkpoint_name
+    return f"{RANK_MANIFEST_PREFIX}{stem}.json"
+
+
+def is_rank_manifest(name: str) -> bool:
+    return name.startswith(RANK_MANIFEST_PREFIX) and name.endswith(".json")
+
+
+def beside(path: str) -> str:
+    """The manifest of a single checkpoint file, next to it."""
+    return f"{path}.{MANIFEST}"
 
 
 def sample_digest(path: str, size: int) -> str:
@@ -49,7 +64,7 @@ def _all_files(base: str) -> list[str]:
     found = []
     for directory, _, names in os.walk(base):
         for name in names:
-            if not name.startswith(MANIFEST) and not name.startswith("ft_manifest-"):
+            if not name.startswith(MANIFEST) and not name.startswith(RANK_MANIFEST_PREFIX):
                 found.append(os.path.relpath(os.path.join(directory, name), base))
     return sorted(found)
 

@@ -1,5 +1,7 @@
 """``ft-plugins k8s JOB.yaml [--recover-strategy LIST] [...]``: the job file with what MindCluster needs
-(port 9601, labels, annotations, TTP settings), printed on stdout; everything else byte for byte."""
+(port 9601, labels, annotations, TTP settings), printed on stdout; everything else byte for byte.
+Exit 2 for input that cannot be read as YAML text, 3 for a file this command refuses to edit (one line
+each, naming why), never a traceback."""
 
 from __future__ import annotations
 
@@ -39,8 +41,12 @@ def run(args: argparse.Namespace) -> int:
         with open(args.job, encoding="utf-8", newline="") as handle:
             text = handle.read()
     except OSError as exc:
-        print(f"ft-plugins k8s: cannot read {args.job}: {exc.strerror}", file=sys.stderr)
-        return EXIT_FAILURE
+        print(f"ft-plugins k8s: cannot read {args.job}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except UnicodeDecodeError as exc:
+        print(f"ft-plugins k8s: {args.job} is not UTF-8 text (byte {exc.start}); give the job's YAML file",
+              file=sys.stderr)
+        return EXIT_USAGE
     try:
         result, notes = k8s.edit(text, options)
     except ImportError:
@@ -51,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_NOTHING
     except k8s.JobFileInvalid as exc:
         print(f"ft-plugins k8s: {args.job}: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
+        return EXIT_USAGE
     for note in notes:
         print(f"ft-plugins k8s: note: {note}", file=sys.stderr)
     sys.stdout.buffer.write(result.encode("utf-8"))

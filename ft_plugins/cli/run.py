@@ -1,4 +1,4 @@
-"""``ft-plugins run [--features LIST] [--inject-fault SPEC] [--manager] [--dry-run] -- CMD...``:
+"""``ft-plugins run [--features LIST] [--inject-fault SPEC] [--manager] [--dry-run] [--grace S] -- CMD...``:
 run a launcher (torchrun, msrun, python ...) with ft_plugins active in every Python process it starts."""
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ def register(subparsers: Any) -> None:
                         help="fire drill in the workers, e.g. rank=1,step=3,kind=kill (sets FT_PLUGINS_INJECT_FAULT)")
     parser.add_argument("--manager", action="store_true", help="start TaskD's manager beside the command (master only)")
     parser.add_argument("--dry-run", action="store_true", help="print the environment changes and the command")
+    parser.add_argument("--grace", type=float, default=None, metavar="SECONDS",
+                        help="msrun: seconds its processes get after SIGTERM/SIGINT before SIGKILL (default 20)")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD...")
     parser.set_defaults(handler=run)
 
@@ -36,6 +38,10 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"ft-plugins run: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if args.grace is not None and (args.grace < 0 or not environment.is_msrun(command)):
+        print(f"ft-plugins run: --grace {args.grace:g}: give seconds >= 0, and for msrun only (torchrun gives its "
+              "workers 30 s itself)", file=sys.stderr)
+        return EXIT_USAGE
     for warning in plan.warnings:
         print(f"ft-plugins run: warning: {warning}", file=sys.stderr)
     for note in plan.notes:
@@ -47,10 +53,14 @@ def run(args: argparse.Namespace) -> int:
             print(f"{shlex.join(manager)} &")
         print(shlex.join(command))
         return EXIT_OK
+    # msrun leaves its workers running when stopped: supervised; torchrun stops its own (SIGTERM, 30 s, SIGKILL)
+    grace = (process.GRACE if args.grace is None else args.grace) if environment.is_msrun(command) else None
     if manager is None:
+        if grace is not None:
+            return process.supervise(command, plan.env, grace)
         return process.exec_command(command, plan.env)
     manager_env = {**plan.env, "PYTHONPATH": environment.without_bootstrap(plan.env["PYTHONPATH"])}
-    return process.run_beside(command, plan.env, manager, manager_env)
+    return process.run_beside(command, plan.env, manager, manager_env, grace)
 
 
 # what `run` cannot take as flags: the job id and the counts come from the environment or the launcher's own flags

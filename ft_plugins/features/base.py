@@ -12,7 +12,8 @@ class Feature:
 
     ``start()`` loads the vendor runtime (raising :class:`ft_plugins.vendors.VendorUnavailable`
     with the reason when it is absent) and returns a short description of what it found.
-    Framework adapters call the feature's own methods; they never call vendor APIs themselves.
+    Framework adapters call the feature's own methods, and reach a vendor runtime only through its
+    adapter in :mod:`ft_plugins.vendors` (e.g. the MindIO engine's ``TorchProcess``).
     """
 
     name: ClassVar[str]

@@ -5,41 +5,24 @@ Framework-neutral policy over :mod:`ft_plugins.checkpoint`; the framework glue
 checkpoint to load and calls :meth:`Resume.commit` once a save finished: on every rank for a
 checkpoint directory, on its own rank for a MindSpore per-rank file.
 
-:mod:`ft_plugins.checkpoint` is imported on first use, not with the feature: every training
-process imports the feature at start-up, few of them look at checkpoints before the first save.
+:mod:`ft_plugins.checkpoint`'s selection and commit are imported on first use, not with the feature (only
+its errors are): every training process imports the feature at start-up, few of them look at checkpoints
+before the first save.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ft_plugins.checkpoint.errors import CheckpointError, NoIntactCheckpoint
 from ft_plugins.config import Option, parse_bool
 from ft_plugins.features.base import Feature
 
 if TYPE_CHECKING:
-    from ft_plugins.checkpoint import Selection
+    from ft_plugins.checkpoint.select import Selection
 
 log = logging.getLogger("ft_plugins.resume")
-
-
-@functools.lru_cache(maxsize=None)
-def _no_intact_checkpoint() -> type:
-    from ft_plugins.checkpoint import CheckpointError
-
-    class NoIntactCheckpoint(CheckpointError):
-        """Checkpoints exist but none is intact, and starting from scratch was not allowed."""
-
-    NoIntactCheckpoint.__module__ = __name__
-    return NoIntactCheckpoint
-
-
-def __getattr__(name: str) -> Any:
-    """``NoIntactCheckpoint`` (a CheckpointError) is made when first named, importing the checkpoint package."""
-    if name == "NoIntactCheckpoint":
-        return _no_intact_checkpoint()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Resume(Feature):
@@ -63,7 +46,7 @@ class Resume(Feature):
     def choose(self, directory: str, format: str = "auto", rank: int | None = None) -> Selection:
         """The checkpoint to resume from, logging every skipped one; raises NoIntactCheckpoint when
         checkpoints exist, none is intact and ``allow_scratch`` is off."""
-        from ft_plugins.checkpoint import find_latest
+        from ft_plugins.checkpoint.select import find_latest
 
         selection = find_latest(directory, format, rank=rank, deep=self.settings["deep"])
         self.loaded = selection
@@ -76,9 +59,10 @@ class Resume(Feature):
                 log.info("resume: newest checkpoint %s is intact", selection.path)
         elif selection.skipped:
             if not self.settings["allow_scratch"]:
-                raise _no_intact_checkpoint()(
+                raise NoIntactCheckpoint(
                     f"{directory} holds checkpoints but none is intact (see the skipped ones above); "
-                    "fix or remove them, or set FT_PLUGINS_RESUME_ALLOW_SCRATCH=1 to start from scratch")
+                    "fix or remove them, or set FT_PLUGINS_RESUME_ALLOW_SCRATCH=1 to start from scratch",
+                    [(skipped.path, skipped.reason) for skipped in selection.skipped])
             log.warning("resume: no intact checkpoint in %s; starting from scratch (allow_scratch is on)",
                         directory)
         return selection
@@ -88,11 +72,11 @@ class Resume(Feature):
         rank's MindSpore file once its save returned); a failure is logged, never raised into training."""
         if not self.settings["manifest"]:
             return None
-        from ft_plugins.checkpoint import commit as commit_checkpoint
+        from ft_plugins.checkpoint.committing import commit as commit_checkpoint
 
         try:
             path = commit_checkpoint(checkpoint, full=self.settings["full_checksum"])
-        except (OSError, ValueError) as exc:
+        except (OSError, CheckpointError) as exc:
             log.warning("resume: could not commit %s: %s", checkpoint, exc)
             return None
         self.committed += 1

@@ -3,10 +3,12 @@
 On MindSpore the framework owns the MindIO wiring (``TrainFaultTolerance``); this feature checks
 what that wiring silently depends on: MindIO present, ``MS_ENABLE_TFT`` well-formed with
 ``TTP:1``, the controller address set. The framework adapter checks the rest (a data-parallel
-replica, ``sink_size``) where the training setup is known.
+replica, ``sink_size``) where the training setup is known. Where ``MS_ENABLE_TFT`` does not switch
+TTP on, the built-in engine (:mod:`ft_plugins.mindspore.dump`) runs when ``ttp`` is asked for by name.
 
 On PyTorch there are two engines (option ``engine``): MindIO TTP where ``mindio_ttp`` is installed
-(wired as MindSpeed-LLM does it natively: :class:`ft_plugins.torch.ttp.MindioEngine`), and the built-in engine (:mod:`ft_plugins.torch.ttp`: dump on a fatal error or SIGTERM) elsewhere.
+(wired as MindSpeed-LLM does it natively: :mod:`ft_plugins.torch.mindio`), and the built-in engine
+(:mod:`ft_plugins.torch.ttp`: dump on a fatal error or SIGTERM) elsewhere.
 The built-in engine changes signal handling and exit codes, so ``FT_PLUGINS=auto`` never turns it
 on: it runs only when ``ttp`` is asked for by name or with ``all``. Where MindSpeed-LLM's native
 high availability or MindSpeed's own TTP is on, this feature steps aside.
@@ -56,8 +58,8 @@ class Ttp(Feature):
     summary = "dying-gasp checkpoint by the survivors (MindIO TTP; PyTorch also a built-in engine)"
     options = (
         Option("save_dir", "", "directory for dying-gasp checkpoints (default: where the regular checkpoints go)"),
-        Option("engine", "auto", "PyTorch dying-gasp engine: auto (MindIO TTP when mindio_ttp is installed, "
-               "else built-in), mindio or builtin", choices=ENGINES),
+        Option("engine", "auto", "dying-gasp engine: auto (MindIO TTP when mindio_ttp is installed, on MindSpore "
+               "when MS_ENABLE_TFT switches TTP on; else built-in), mindio or builtin", choices=ENGINES),
         Option("replicas", "auto", "optimizer state replicas with megatron's distributed optimizer: auto (2 where "
                "data parallel allows, else 1) or a count dividing the data-parallel size", _parse_replicas),
         Option("addr", "", "PyTorch MindIO engine: controller and processor address (default: CONTROLLER_ADDR / "
@@ -70,16 +72,27 @@ class Ttp(Feature):
     def start(self) -> str:
         if self.framework == "pt":
             return self._start_torch()
+        wanted = self.settings["engine"]
         switches = tft_switches(os.environ)
-        if "1" not in (switches.get("TTP"), switches.get("ARF")):  # MindSpore turns TTP on with ARF
-            raise VendorUnavailable(f"{TFT_VAR} does not switch TTP on; launch with {TFT_VAR}={TFT_EXAMPLE} "
-                                    "(it must be set before msrun starts, so that msrun wires TaskD too)")
+        self.saves: list[str] = []
+        mindio = "1" in (switches.get("TTP"), switches.get("ARF"))  # MindSpore turns TTP on with ARF too
+        if not mindio:
+            off = (f"{TFT_VAR} does not switch TTP on; launch with {TFT_VAR}={TFT_EXAMPLE} (it must be set before "
+                   "msrun starts, so that msrun wires TaskD too)")
+            if wanted == "mindio":
+                raise VendorUnavailable(off)
+            if not self.requested:
+                raise VendorUnavailable(f"{off}, or ask for the built-in engine by name (FT_PLUGINS=ttp,resume)")
+        if wanted == "builtin" or not mindio:
+            self.engine = "builtin"
+            why = "asked for" if wanted == "builtin" else f"{TFT_VAR} does not switch MindIO TTP on"
+            return f"engine builtin ({why}): dump of the last completed step on a lost peer, a stalled step or SIGTERM"
+        self.engine = "mindio"
         missing = missing_controller_vars(os.environ)
         if missing:
             raise VendorUnavailable(f"{', '.join(missing)} unset or not a number: MindSpore needs the MindIO "
                                     "controller address (MS_TFT_IP, MS_TFT_PORT) and msrun's MS_WORKER_NUM, MS_NODE_ID")
         self.api = load_framework_api()
-        self.saves: list[str] = []
         return f"MindIO TTP found, {TFT_VAR}={os.environ[TFT_VAR]}"
 
     def _start_torch(self) -> str:

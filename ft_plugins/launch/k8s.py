@@ -29,7 +29,7 @@ class JobFileRefused(ValueError):
 
 
 class JobFileInvalid(ValueError):
-    """The file is not YAML (exit 1)."""
+    """The file is not YAML (exit 2: the input cannot be read as a job file at all)."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,10 @@ def parse_strategies(raw: str) -> tuple[str, ...]:
         raise ValueError(f"--recover-strategy {raw!r}: unknown {', '.join(map(repr, unknown)) or '(empty)'}; "
                          f"accepted: a comma list of {', '.join(STRATEGIES)}")
     return names
+
+
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split())
 
 
 def _indent(line: str) -> int:
@@ -190,33 +194,72 @@ class _Job:
             self.add_keys(current, missing, f"{what}.{key}")
 
     def ensure_port(self, container: Any, port: int, name: str, where: str) -> None:
-        ports = container.get("ports") or []
-        if any(str(item.get("containerPort")) == str(port) for item in ports if hasattr(item, "get")):
+        ports = _entries(container, "ports", where)
+        if any(str(item.get("containerPort")) == str(port) for item in ports):
             return
         self.append_item(container, "ports", [f"containerPort: {port}", f"name: {name}"], where)
 
     def ensure_env(self, container: Any, name: str, rel_lines: list[str], where: str) -> None:
-        env = container.get("env") or []
-        if any(hasattr(item, "get") and item.get("name") == name for item in env):
+        env = _entries(container, "env", where)
+        if any(item.get("name") == name for item in env):
             return
         self.append_item(container, "env", [f"name: {name}", *rel_lines], where)
 
 
-def _containers(doc: Any) -> list[tuple[str, Any]]:
-    """(where, container) of every training container; JobFileRefused when a replica has none."""
-    spec = doc.get("spec") or {}
+def _entries(container: Any, key: str, where: str) -> list[Any]:
+    """A container's ``ports`` / ``env`` list (empty when absent); JobFileRefused when it or an entry is malformed."""
+    entries = container.get(key)
+    if entries is None:
+        return []
+    if not isinstance(entries, list):
+        raise JobFileRefused(f"{where}: {key} is a {type(entries).__name__}, not a list of entries")
+    for index, entry in enumerate(entries):
+        if not hasattr(entry, "get"):
+            shown = "empty" if entry is None else f"a {type(entry).__name__}"
+            raise JobFileRefused(f"{where}: {key}[{index}] is {shown}, not a mapping; fix the entry and run again")
+    return entries
+
+
+def _mapping(node: Any, path: str, job: str) -> Any:
+    """``node`` when it is a non-empty mapping; else JobFileRefused naming ``path`` inside ``job``."""
+    if not (hasattr(node, "get") and hasattr(node, "lc") and len(node)):
+        shown = "missing" if node is None else f"a {type(node).__name__}" if not hasattr(node, "get") else "empty"
+        raise JobFileRefused(f"{job}: {path} is {shown}, not a mapping; a training job needs it")
+    return node
+
+
+def _sequence(node: Any, path: str, job: str) -> list[Any]:
+    """``node`` when it is a non-empty list; else JobFileRefused naming ``path`` inside ``job``."""
+    if not isinstance(node, list) or not node:
+        shown = "missing" if node is None else "empty" if isinstance(node, list) else f"a {type(node).__name__}"
+        raise JobFileRefused(f"{job}: {path} is {shown}, not a list of entries; a training job needs it")
+    return node
+
+
+def _pod_containers(template_owner: Any, path: str, job: str) -> list[Any]:
+    template = _mapping(_mapping(template_owner, path, job).get("template"), f"{path}.template", job)
+    pod = _mapping(template.get("spec"), f"{path}.template.spec", job)
+    containers = _sequence(pod.get("containers"), f"{path}.template.spec.containers", job)
+    for index, container in enumerate(containers):
+        _mapping(container, f"{path}.template.spec.containers[{index}]", job)
+    return containers
+
+
+def _containers(doc: Any, job: str) -> list[tuple[str, Any]]:
+    """(where, container) of every training container; JobFileRefused when the job has none to edit."""
+    spec = _mapping(doc.get("spec"), "spec", job)
     found = []
     if doc.get("kind") == "AscendJob":
-        for replica, replica_spec in (spec.get("replicaSpecs") or {}).items():
-            containers = ((replica_spec or {}).get("template") or {}).get("spec", {}).get("containers") or []
-            ascend = [c for c in containers if hasattr(c, "get") and c.get("name") == "ascend"]
+        for replica, replica_spec in _mapping(spec.get("replicaSpecs"), "spec.replicaSpecs", job).items():
+            containers = _pod_containers(replica_spec, f"spec.replicaSpecs.{replica}", job)
+            ascend = [c for c in containers if c.get("name") == "ascend"]
             if not ascend:
-                raise JobFileRefused(f"AscendJob {doc['metadata'].get('name')!r}: replica {replica} has no container "
-                                     "named 'ascend' (MindCluster requires that name)")
+                raise JobFileRefused(f"{job}: replica {replica} has no container named 'ascend' (MindCluster "
+                                     "requires that name)")
             found += [(f"replica {replica}, container ascend", c) for c in ascend]
     else:
-        for task in spec.get("tasks") or []:
-            containers = ((task or {}).get("template") or {}).get("spec", {}).get("containers") or []
+        for index, task in enumerate(_sequence(spec.get("tasks"), "spec.tasks", job)):
+            containers = _pod_containers(task, f"spec.tasks[{index}]", job)
             found += [(f"task {task.get('name')}, container {c.get('name')}", c) for c in containers]
     return found
 
@@ -242,41 +285,62 @@ def edit(text: str, options: Options) -> tuple[str, list[str]]:
     try:
         docs = list(YAML(typ="rt").load_all(text))
     except YAMLError as exc:
-        raise JobFileInvalid(f"not valid YAML: {exc}") from None
+        raise JobFileInvalid(f"not valid YAML: {_one_line(exc)}") from None
+    except RecursionError:
+        raise JobFileInvalid("not a job file: nested too deeply to read") from None
     jobs = [doc for doc in docs if is_training_job(doc)]
     if not jobs:
         kinds = ", ".join(str(doc.get("kind")) for doc in docs if hasattr(doc, "get")) or "nothing"
         raise JobFileRefused(f"no AscendJob or Volcano Job (batch.volcano.sh) in the file (found: {kinds})")
     notes = []
     for doc in jobs:
-        job = _Job(doc, edits)
-        labels: dict[str, tuple[str, bool]] = {
-            "fault-scheduling": (options.fault_scheduling or "grace", options.fault_scheduling is not None)}
-        if options.pod_rescheduling:
-            labels["pod-rescheduling"] = ("on", True)
-        if options.fault_retry_times is not None:
-            labels["fault-retry-times"] = (str(options.fault_retry_times), True)
-        job.ensure_entries(doc["metadata"], "labels", labels, "metadata")
-        annotations: dict[str, tuple[str, bool]] = {}
-        if options.recover_strategy:
-            annotations["recover-strategy"] = (",".join(options.recover_strategy), True)
-        if options.wait_reschedule_timeout is not None:
-            annotations["wait-reschedule-timeout"] = (str(options.wait_reschedule_timeout), True)
-        if annotations:
-            job.ensure_entries(doc["metadata"], "annotations", annotations, "metadata")
-        ttp = any(strategy in TTP_STRATEGIES for strategy in options.recover_strategy)
-        for where, container in _containers(doc):
-            job.ensure_port(container, TASKD_PORT, TASKD_PORT_NAME, where)
-            if ttp:
-                job.ensure_port(container, TTP_PORT, TTP_PORT_NAME, where)
-                job.ensure_env(container, "TTP_PORT", [f"value: {_quoted(TTP_PORT)}"], where)
-                job.ensure_env(container, "POD_IP", ["valueFrom:", "  fieldRef:", "    fieldPath: status.podIP"], where)
-        job.flush()
+        name = doc.get("metadata", {}).get("name") if hasattr(doc.get("metadata"), "get") else None
+        where = f"{doc.get('kind')} {name!r}" if name is not None else f"the {doc.get('kind')} at line {doc.lc.line + 1}"
+        try:
+            _edit_job(_Job(doc, edits), options, where)
+        except JobFileRefused:
+            raise
+        except (AttributeError, TypeError, KeyError, IndexError, ValueError) as exc:  # a shape not foreseen above
+            raise JobFileRefused(f"{where}: written in a shape this command cannot edit safely ({type(exc).__name__}: "
+                                 f"{exc}); add the settings by hand (see 'ft-plugins k8s --help')") from None
     if "elastic-training" in options.recover_strategy:
         notes.append("elastic-training also needs MINDIO_WAIT_MINDX_TIME in each training container's env "
                      "(not added: choose the wait for your cluster)")
-    out = edits.apply()
-    return newline.join(out + ([""] if final_newline else [])), notes
+    result = newline.join(edits.apply() + ([""] if final_newline else []))
+    try:  # never print a file that no longer reads as YAML: a shape the placing above did not foresee
+        list(YAML(typ="rt").load_all(result))
+    except YAMLError:
+        raise JobFileRefused("the edited file would not be valid YAML (a block this command cannot place entries "
+                             "in); add the settings by hand") from None
+    return result, notes
+
+
+def _edit_job(job: _Job, options: Options, where: str) -> None:
+    """Queue the edits of one training job (nothing is written before every job was examined)."""
+    doc = job.doc
+    metadata = _mapping(doc.get("metadata"), "metadata", where)
+    labels: dict[str, tuple[str, bool]] = {
+        "fault-scheduling": (options.fault_scheduling or "grace", options.fault_scheduling is not None)}
+    if options.pod_rescheduling:
+        labels["pod-rescheduling"] = ("on", True)
+    if options.fault_retry_times is not None:
+        labels["fault-retry-times"] = (str(options.fault_retry_times), True)
+    job.ensure_entries(metadata, "labels", labels, "metadata")
+    annotations: dict[str, tuple[str, bool]] = {}
+    if options.recover_strategy:
+        annotations["recover-strategy"] = (",".join(options.recover_strategy), True)
+    if options.wait_reschedule_timeout is not None:
+        annotations["wait-reschedule-timeout"] = (str(options.wait_reschedule_timeout), True)
+    if annotations:
+        job.ensure_entries(metadata, "annotations", annotations, "metadata")
+    ttp = any(strategy in TTP_STRATEGIES for strategy in options.recover_strategy)
+    for place, container in _containers(doc, where):
+        job.ensure_port(container, TASKD_PORT, TASKD_PORT_NAME, place)
+        if ttp:
+            job.ensure_port(container, TTP_PORT, TTP_PORT_NAME, place)
+            job.ensure_env(container, "TTP_PORT", [f"value: {_quoted(TTP_PORT)}"], place)
+            job.ensure_env(container, "POD_IP", ["valueFrom:", "  fieldRef:", "    fieldPath: status.podIP"], place)
+    job.flush()
 
 
 def validate_timeout(seconds: int) -> int:

@@ -6,22 +6,12 @@ import os
 import re
 from typing import Any, Mapping
 
+from ft_plugins.rank import global_rank
 from ft_plugins.runtime import Runtime, activate
 
+__all__ = ["FRAMEWORK", "checkpoint_callback", "global_rank", "runtime_for", "save_root"]
+
 FRAMEWORK = "ms"
-
-
-def global_rank() -> int | None:
-    """This process's global rank: from MindSpore once communication is up, else msrun's variables."""
-    from mindspore.communication.management import GlobalComm, get_rank
-
-    if GlobalComm.INITED:
-        return get_rank()
-    for var in ("RANK_ID", "MS_NODE_ID"):
-        value = os.environ.get(var, "")
-        if value.isdigit():
-            return int(value)
-    return 0 if os.environ.get("MS_WORKER_NUM", "1") in ("", "1") else None
 
 
 def runtime_for(feature: str, runtime: Runtime | None, options: Mapping[str, Any]) -> Runtime:

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 from ft_plugins import config as config_module
 from ft_plugins import logs
 from ft_plugins.checkpoint import verify
-from ft_plugins.checkpoint.layouts import recorded_step
+from ft_plugins.checkpoint.layouts.mindspore import recorded_step
 from ft_plugins.features import declared_options
 from ft_plugins.features.resume import Resume
 from ft_plugins.mindspore.base import FRAMEWORK, global_rank, save_root

@@ -10,7 +10,8 @@ from typing import Any
 from mindspore.train import Callback, RunContext
 
 from ft_plugins.checkpoint import CheckpointError, find_latest
-from ft_plugins.checkpoint.layouts import TRACKER, rank_file_manifest
+from ft_plugins.checkpoint.layouts.mindspore import iteration_dir, rank_file_manifest
+from ft_plugins.checkpoint.naming import tracker_iteration
 from ft_plugins.features.resume import Resume
 from ft_plugins.mindspore.base import checkpoint_callback, global_rank, runtime_for, save_root
 from ft_plugins.mindspore.mindformers import TrainerRun, trainer_run
@@ -110,14 +111,10 @@ class SaveCommitter:
         if global_rank() not in (0, None):
             return
         root = _iteration_root(self.checkpoint)
-        try:
-            with open(os.path.join(root, TRACKER), encoding="ascii") as handle:
-                iteration = int(handle.read().strip())
-        except (OSError, ValueError):
-            return  # nothing finalized yet
-        if iteration != self.committed_iteration:
+        iteration = tracker_iteration(root)
+        if iteration is not None and iteration != self.committed_iteration:  # None: nothing finalized yet
             self.committed_iteration = iteration
-            self._commit(os.path.join(root, f"iteration_{iteration:08d}"))
+            self._commit(iteration_dir(root, iteration))
 
     def _commit(self, path: str) -> None:
         if not os.path.exists(path):

@@ -1,4 +1,5 @@
-"""``ttp`` on MindSpore: MindSpore's own ``TrainFaultTolerance`` (MindIO TTP), checked and wired to the run."""
+"""``ttp`` on MindSpore: MindSpore's own ``TrainFaultTolerance`` (MindIO TTP), checked and wired to the run;
+or, without MindIO, the built-in engine (:mod:`ft_plugins.mindspore.dump`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from mindspore.train import Callback, RunContext
 from ft_plugins.features.resume import Resume
 from ft_plugins.features.ttp import Ttp
 from ft_plugins.mindspore.base import checkpoint_callback, runtime_for
+from ft_plugins.mindspore.dump import DumpEngine
 from ft_plugins.runtime import Runtime
 
 log = logging.getLogger("ft_plugins.mindspore")
@@ -53,13 +55,33 @@ def replica_problem(cb_params: Any) -> str | None:
     return None
 
 
+def builtin_problem(cb_params: Any) -> str | None:
+    """Why the built-in engine could not write every rank's state from a survivor's, or None: it needs each
+    rank to hold a whole replica (plain data parallel, no optimizer sharding) and a host step end per step."""
+    from mindspore import context
+
+    sink_size = cb_params.get("sink_size", -1)
+    if cb_params.get("dataset_sink_mode", False) and sink_size != 1:
+        return (f"sink_size={sink_size}: the host sees a step end only every sink of steps, so the last completed step "
+                "is not known; train with sink_size=1 or dataset_sink_mode=False")
+    mode = context.get_auto_parallel_context("parallel_mode")
+    if mode not in ("stand_alone", "data_parallel"):
+        return (f"parallel mode {mode}: ranks hold different shards, some with a single holder, and the built-in "
+                "engine writes every rank's file from one replica; use MindIO TTP (MS_ENABLE_TFT='{TTP:1}')")
+    if context.get_auto_parallel_context("enable_parallel_optimizer"):
+        return ("the parallel optimizer shards optimizer state over the data-parallel ranks, and the built-in "
+                "engine writes every rank's file from one replica; use MindIO TTP (MS_ENABLE_TFT='{TTP:1}')")
+    return None
+
+
 class TtpCallback(Callback):
-    """Drives MindSpore's own ``TrainFaultTolerance`` (MindIO TTP) after checking what it needs.
+    """Drives MindSpore's own ``TrainFaultTolerance`` (MindIO TTP) after checking what it needs, or the
+    built-in engine where MindIO TTP is not switched on and ``ttp`` was asked for by name.
 
     Checked before the first step: MindSpore 2.5+, no ``TrainFaultTolerance`` already in the run
     (MindFormers 1.5+ injects one when ``MS_ENABLE_TFT`` is set), ``sink_size`` <= 1, a data-parallel
-    replica, an optimizer wrapped for TFT. The dying-gasp checkpoint is written where, and named as,
-    the run's regular checkpoints, so that resume finds it.
+    replica, an optimizer wrapped for TFT (MindIO); :func:`builtin_problem` (built-in). The dying-gasp
+    checkpoint is written where, and named as, the run's regular checkpoints, so that resume finds it.
     """
 
     def __init__(self, runtime: Runtime | None = None, **options: Any) -> None:
@@ -67,7 +89,10 @@ class TtpCallback(Callback):
         self.runtime = runtime_for("ttp", runtime, options)
         self.ttp = self.runtime.running(Ttp)
         self.delegate: Any = None
-        if self.ttp is not None and not hasattr(mindspore.train, "TrainFaultTolerance"):
+        self.engine: DumpEngine | None = None
+        if self.ttp is not None and self.ttp.engine == "builtin":
+            self.engine = DumpEngine(self.runtime, self.ttp)
+        elif self.ttp is not None and not hasattr(mindspore.train, "TrainFaultTolerance"):
             self._off(f"MindSpore {mindspore.__version__} has no TrainFaultTolerance; TTP needs MindSpore 2.5 or newer")
 
     def _off(self, reason: str) -> None:
@@ -89,9 +114,12 @@ class TtpCallback(Callback):
     def on_train_begin(self, run_context: RunContext) -> None:
         if self.ttp is None:
             return
+        cb_params = run_context.original_args()
+        if self.engine is not None:
+            self._begin_builtin(cb_params)
+            return
         from mindspore.train.callback import TrainFaultTolerance
 
-        cb_params = run_context.original_args()
         existing = next((cb for cb in cb_params.list_callback if isinstance(cb, TrainFaultTolerance)), None)
         if existing is not None:
             log.info("ttp: the run already has %s (MindFormers adds it when MS_ENABLE_TFT is set); "
@@ -110,18 +138,41 @@ class TtpCallback(Callback):
         log.info("ttp: MindIO TTP handlers registered through MindSpore's TrainFaultTolerance")
         self.delegate.on_train_begin(run_context)
 
+    def _begin_builtin(self, cb_params: Any) -> None:
+        problem = builtin_problem(cb_params)
+        if problem is None:
+            try:
+                self.engine.begin(cb_params)
+                return
+            except ValueError as exc:
+                problem = str(exc)
+        self.engine = None
+        self._off(problem)
+
     def on_train_step_begin(self, run_context: RunContext) -> None:
-        if self.delegate is not None:
+        if self.engine is not None:
+            self.engine.step_begin()
+        elif self.delegate is not None:
             self.delegate.on_train_step_begin(run_context)
 
     def on_train_step_end(self, run_context: RunContext) -> None:
-        if self.delegate is not None:
+        if self.engine is not None:
+            self.engine.step_end(run_context.original_args())
+        elif self.delegate is not None:
             self.delegate.on_train_step_end(run_context)
 
     def on_train_end(self, run_context: RunContext) -> None:
+        if self.engine is not None:
+            self.engine.end()
         if self.delegate is not None:
             self.delegate.on_train_end(run_context)
             self.delegate = None
+
+    def __exit__(self, exc_type: Any, *exc_info: object) -> None:
+        """Training raised: the built-in engine writes the last completed step before the error goes on."""
+        if self.engine is not None and exc_type is not None and not self.engine.stopped.is_set():
+            self.engine.end()
+            self.engine.dump_safely(f"training raised {exc_type.__name__}")  # never hides the training error
 
     def _save(self, cb_params: Any, append_dict: dict[str, Any]) -> None:
         """MindIO's save handler (in its own thread): this rank's state as the run's next regular checkpoint."""

@@ -13,6 +13,8 @@ import logging
 from typing import Any, Callable
 
 from ft_plugins import faults
+from ft_plugins.rank import global_rank
+from ft_plugins.torch.state import current_iteration
 
 log = logging.getLogger("ft_plugins.faults")
 
@@ -25,9 +27,7 @@ class FaultDrill:
         self._iteration = 0
 
     def train_step(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-        from ft_plugins.torch.megatron import _current_iteration
-
-        self._iteration = _current_iteration(args, kwargs)
+        self._iteration = current_iteration(args, kwargs)
         self._fire("forward", self._iteration)
         return wrapped(*args, **kwargs)
 
@@ -43,8 +43,6 @@ class FaultDrill:
 
     def _fire(self, point: str, step: int) -> None:
         if self._planned is None:
-            from ft_plugins.torch.megatron import global_rank
-
             self._planned = list(faults.planned(global_rank() or 0))
         for fault in self._planned:
             if fault.at == point and fault.step == step:

@@ -12,58 +12,23 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from typing import Any, Callable
 
 from ft_plugins.config import INJECT_VAR
 from ft_plugins.features.mstx import DATALOADER, SAVE_CHECKPOINT, Mstx
+from ft_plugins.features.recover import Recover
 from ft_plugins.features.resume import Resume
 from ft_plugins.features.taskd import Taskd
 from ft_plugins.features.ttp import Ttp
 from ft_plugins.patching import MissingSymbol, Patch, PatchSet
+from ft_plugins.rank import global_rank
 from ft_plugins.runtime import Runtime
+from ft_plugins.torch.state import (CHECKPOINTING, INITIALIZE, MINDSPEED_LLM_TRAINING, OPTIMIZER, TRAINING, UPDATES,
+                                     current_iteration, megatron_version)
 
 log = logging.getLogger("ft_plugins.torch")
 
-INITIALIZE = "megatron.training.initialize"
-TRAINING = "megatron.training.training"
-CHECKPOINTING = "megatron.training.checkpointing"
-MINDSPEED_LLM_TRAINING = "mindspeed_llm.training.training"
-OPTIMIZER = "megatron.core.optimizer.optimizer"
-# the optimizer's own update, without the grad-norm all-reduce that ``step`` adds
-UPDATES = ("FP32Optimizer.step_with_ready_grads", "MixedPrecisionOptimizer.step_with_ready_grads",
-           "ChainedOptimizer.step_with_ready_grads")
 SUPPORTED = "megatron-core >= 0.8 with megatron.training, Megatron-LM core_r0.8+, MindSpeed-LLM 1.0+"
-
-
-def megatron_version() -> str:
-    info = sys.modules.get("megatron.core.package_info")
-    if info is None:
-        try:
-            from megatron.core import package_info as info  # type: ignore[no-redef]
-        except ImportError:
-            return "unknown version"
-    return getattr(info, "__version__", "unknown version")
-
-
-def global_rank() -> int | None:
-    """The global rank: from torch.distributed once initialized, else torchrun's RANK, else unknown."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
-    rank = os.environ.get("RANK", "")
-    return int(rank) if rank.isdigit() else None
-
-
-def _current_iteration(args: tuple, kwargs: dict) -> int:
-    """``train_step``'s iteration argument (megatron 0.12+), else ``args.curr_iteration``."""
-    iteration = kwargs.get("iteration", args[7] if len(args) > 7 else None)
-    if iteration is None:
-        global_vars = sys.modules.get("megatron.training.global_vars")
-        megatron_args = getattr(global_vars, "_GLOBAL_ARGS", None)
-        iteration = getattr(megatron_args, "curr_iteration", 0)
-    return iteration
 
 
 class MegatronIntegration:
@@ -103,25 +68,28 @@ class MegatronIntegration:
                       *(Patch(OPTIMIZER, name, drill.update, required=False) for name in UPDATES[:2]),
                       Patch(CHECKPOINTING, "save_checkpoint", drill.save_checkpoint))
         ttp = runtime.running(Ttp)
-        if ttp is not None:
-            from ft_plugins.torch.replicas import MegatronReplicas
+        if ttp is not None:  # added after resume: its load wrapper commits before resume chooses
+            from ft_plugins.torch.ttp import MegatronTtp
 
-            self._add("ttp", *MegatronReplicas(ttp.settings["replicas"], runtime.config.strict).patches())
-        if ttp is not None and getattr(ttp, "engine", None) in ("builtin", "mindio"):
-            from ft_plugins.torch.ttp import BuiltinEngine, MindioEngine
+            glue = MegatronTtp(ttp, runtime.config.strict)
+            self._recover(glue)  # inside ttp's step hook: a recovered step never reaches ttp's dump
+            self._add("ttp", *glue.patches())
+        if runtime.running(Recover) is not None and (ttp is None or getattr(ttp, "engine", None) is None):
+            runtime.disable("recover", "it needs ttp's built-in engine (FT_PLUGINS=recover,ttp): its step tracking, "
+                            "and its dump when recovery cannot work")
 
-            engine = (MindioEngine if ttp.engine == "mindio" else BuiltinEngine)(ttp)
-            mindio = [Patch(INITIALIZE, "_initialize_distributed", engine.initialize_distributed),
-                      Patch(TRAINING, "train", engine.train),
-                      Patch(MINDSPEED_LLM_TRAINING, "train", engine.train, required=False),
-                      ] if isinstance(engine, MindioEngine) else []
-            # added after resume: its load wrapper commits before resume chooses
-            self._add("ttp", *mindio, Patch(TRAINING, "train_step", engine.train_step),
-                      Patch(MINDSPEED_LLM_TRAINING, "train_step", engine.train_step, required=False),
-                      *(Patch(OPTIMIZER, name, engine.update, required=not name.startswith("Chained"))
-                        for name in UPDATES),
-                      Patch(CHECKPOINTING, "save_checkpoint", engine.save_checkpoint),
-                      Patch(CHECKPOINTING, "load_checkpoint", engine.load_checkpoint))
+    def _recover(self, ttp: Any) -> None:
+        """``recover`` on ttp's built-in engine (its step tracker, its dump as the fallback)."""
+        recover = self.runtime.running(Recover)
+        if recover is None or ttp.engine is None:
+            return
+        if ttp.engine != "builtin":
+            self.runtime.disable("recover", "in-place recovery runs on ttp's built-in engine; with MindIO, "
+                                 "MindIO's own repair handlers decide (FT_PLUGINS_TTP_ENGINE=builtin to use it)")
+            return
+        from ft_plugins.torch.recover import MegatronRecovery
+
+        self._add("recover", *MegatronRecovery(recover, ttp).patches())
 
     def _add(self, feature: str, *patches: Patch) -> None:
         self.patch_sets.append(PatchSet(feature, patches, self._missing))
@@ -140,10 +108,11 @@ class MegatronIntegration:
             patch_set.remove()
 
     def _missing(self, patch_set: PatchSet, error: MissingSymbol) -> None:
-        self.runtime.disable(
-            patch_set.name,
-            f"{error} in megatron {megatron_version()}: this layout is not supported ({SUPPORTED})",
-        )
+        reason = f"{error} in megatron {megatron_version()}: this layout is not supported ({SUPPORTED})"
+        if patch_set.name in self.runtime.features:
+            self.runtime.disable(patch_set.name, reason)
+        else:  # not a feature (the fire drill): said here, once
+            log.warning("%s off: %s", patch_set.name, reason)
 
     def _start_worker(self) -> None:
         try:
@@ -171,7 +140,7 @@ class MegatronIntegration:
 
     def _train_step_no_dataloader(self, wrapped: Callable[..., Any], instance: Any, args: tuple,
                                   kwargs: dict) -> Any:
-        handle = self._mstx.begin_step(_current_iteration(args, kwargs))
+        handle = self._mstx.begin_step(current_iteration(args, kwargs))
         try:
             return wrapped(*args, **kwargs)
         finally:

@@ -15,6 +15,7 @@ import sys
 from typing import Any, Callable, Literal, Sequence
 
 from ft_plugins.patching import Patch
+from ft_plugins.rank import is_rank_zero
 from ft_plugins.replicas import ReplicaLayout, ReplicaLayoutError, choose_replicas, optimizer_bytes_per_parameter
 
 log = logging.getLogger("ft_plugins.ttp")
@@ -80,7 +81,5 @@ class MegatronReplicas:
 
 def _rank_zero(emit: Callable[..., None], message: str, *values: Any) -> None:
     """One line per job, not per rank: every rank decides the same."""
-    from ft_plugins.torch.megatron import global_rank
-
-    if global_rank() in (None, 0):
+    if is_rank_zero():
         emit(message, *values)

@@ -20,14 +20,13 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 from ft_plugins.features import resume as resume_feature
+from ft_plugins.rank import global_rank
 
 log = logging.getLogger("ft_plugins.resume")
 
 
 def _rank() -> int:
-    import torch.distributed as dist
-
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    return global_rank() or 0
 
 
 def _broadcast(decision: dict[str, Any]) -> dict[str, Any]:
@@ -54,7 +53,7 @@ class MegatronResume:
         try:
             selection = self.feature.choose(load_dir, "megatron")
         except resume_feature.NoIntactCheckpoint as exc:
-            return {"error": str(exc)}
+            return {"error": str(exc), "skipped": list(exc.skipped)}
         except Exception as exc:  # e.g. an unreadable directory: Megatron's own load reports it
             log.warning("resume: cannot examine %s (%s); Megatron loads as usual", load_dir, exc)
             return {}
@@ -71,7 +70,7 @@ class MegatronResume:
             return
         decision = _broadcast(self._decide(load_dir))
         if "error" in decision:
-            raise resume_feature.NoIntactCheckpoint(decision["error"])
+            raise resume_feature.NoIntactCheckpoint(decision["error"], decision.get("skipped", ()))
         if "iteration" not in decision:
             yield
             return

@@ -143,3 +143,27 @@ def test_resnet_style_directory_of_torch_files_newest_intact_by_mtime(tmp_path: 
     assert "not a readable torch zip archive" in selection.skipped[0].reason
     file_given = str(tmp_path / "epoch_1.pt")
     assert newest_intact_checkpoint(file_given) is None  # a file is left to the caller's own logic
+
+
+def test_one_error_hierarchy_and_a_picklable_no_intact_checkpoint() -> None:
+    assert issubclass(ManifestError, CheckpointError) and issubclass(NoIntactCheckpoint, CheckpointError)
+    error = NoIntactCheckpoint("none is intact", [("/save/iter_0000002", "truncated")])
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is NoIntactCheckpoint and str(copy) == "none is intact"
+    assert copy.skipped == (("/save/iter_0000002", "truncated"),)
+
+
+def test_the_package_face_imports_nothing_until_a_name_is_used() -> None:
+    """Importing one submodule (atomic, to write a file whole) runs none of the selection code."""
+    import subprocess
+    import sys
+
+    from support import REPO
+
+    code = ("import sys, ft_plugins.checkpoint.atomic\n"
+            "print(sorted(m for m in sys.modules if m.startswith('ft_plugins.checkpoint.')))\n"
+            "from ft_plugins.checkpoint import find_latest\n"
+            "print('ft_plugins.checkpoint.select' in sys.modules)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
+    assert result.stdout.split("\n")[:2] == ["['ft_plugins.checkpoint.atomic']", "True"], result.stderr

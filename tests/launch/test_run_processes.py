@@ -126,6 +126,13 @@ def test_bad_feature_list_is_a_usage_error(vendors: Vendors, tmp_path: Path) -> 
     assert result.returncode == 2 and "unknown feature 'bogus'" in result.stderr and "ran" not in result.stdout
 
 
+def test_grace_is_for_msrun_only(vendors: Vendors, tmp_path: Path) -> None:
+    """torchrun stops its own workers (SIGTERM, 30 s, SIGKILL): --grace elsewhere is refused, not ignored."""
+    result = ft_run(["--grace", "5", "--", PYTHON, "-c", "print('ran')"], env=launch_env(vendors, tmp_path), cwd=tmp_path)
+    assert result.returncode == 2 and "--grace 5: give seconds >= 0, and for msrun only" in result.stderr
+    assert "ran" not in result.stdout
+
+
 def test_dry_run_prints_the_environment_changes_and_the_command(vendors: Vendors, tmp_path: Path) -> None:
     user_lib = "/opt/user/libextra.so"
     env = launch_env(vendors, tmp_path, LD_PRELOAD=f"{vendors.libtaskd} {user_lib}")

@@ -15,13 +15,12 @@ import numpy as np
 
 from support import PYTHON, REPO, free_port
 
+from ft_plugins.processes import alive
+
 MSRUN = str(Path(PYTHON).with_name("msrun"))
 SCRIPT = Path(__file__).resolve().parent / "fixtures" / "msrun_train.py"
 STEPS = 24
 WORKERS = 2
-# the scheduler gives up on a lost worker after this many seconds (MindSpore's default 30), so that msrun,
-# which waits for it after killing the survivors, ends a faulted job within seconds
-NODE_TIMEOUT = "10"
 
 
 @dataclass
@@ -60,7 +59,7 @@ def job_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "FT_TEST", "MS_"))}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
     env["PATH"] = os.pathsep.join([str(Path(PYTHON).parent), env.get("PATH", "")])
-    env.update(MS_NODE_TIMEOUT=NODE_TIMEOUT, GLOG_v="2", **extra)
+    env.update(GLOG_v="2", **extra)
     return env
 
 
@@ -75,24 +74,36 @@ def start(workdir: Path, form: str, env: dict[str, str], root: Path | None = Non
     """An msrun job in its own session (the test can end what is left of it), not waited for."""
     workdir.mkdir(parents=True, exist_ok=True)
     job = Job(root or workdir / "ckpt", workdir / "out", workdir / "logs")
-    job.process = subprocess.Popen(msrun_command(job, form, launcher), env=env, cwd=workdir, text=True,
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(workdir / "msrun.out", "w") as output:  # a file: processes msrun orphans may hold it open
+        job.process = subprocess.Popen(msrun_command(job, form, launcher), env=env, cwd=workdir,
+                                       stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
     return job
 
 
-def wait(job: Job, timeout: float = 240) -> Job:
-    try:
-        job.stdout, _ = job.process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(job.process.pid, signal.SIGKILL)
-        job.stdout, _ = job.process.communicate()
-        raise AssertionError(f"msrun job timed out after {timeout} s:\n{job.stdout[-3000:]}") from None
+def wait(job: Job, timeout: float = 240, faulted: bool = False) -> Job:
+    """Until msrun ends; ``faulted``: or until every worker has exited, then msrun and its scheduler are
+    ended (after a worker's failure msrun SIGKILLs the others, then waits ~30 s for its scheduler to time
+    the lost node out: nothing of the test happens in that time)."""
+    deadline = time.monotonic() + timeout
+    while job.process.poll() is None:
+        workers = [pid for pid, role in processes(job).items() if role == "MS_WORKER"]
+        if time.monotonic() > deadline or (faulted and len(workers) == WORKERS and not any(map(alive, workers))):
+            os.killpg(job.process.pid, signal.SIGKILL)  # msrun, its scheduler and its log tails
+            if time.monotonic() > deadline:
+                job.process.wait()
+                raise AssertionError(f"msrun job timed out after {timeout} s:\n{_output(job)[-3000:]}")
+        time.sleep(0.1)
     job.returncode = job.process.returncode
+    job.stdout = _output(job)
     return job
 
 
-def run(workdir: Path, form: str, env: dict[str, str], root: Path | None = None, timeout: float = 240) -> Job:
-    return wait(start(workdir, form, env, root), timeout)
+def _output(job: Job) -> str:
+    return (job.out.parent / "msrun.out").read_text(errors="replace")
+
+
+def run(workdir: Path, form: str, env: dict[str, str], root: Path | None = None, faulted: bool = False) -> Job:
+    return wait(start(workdir, form, env, root), faulted=faulted)
 
 
 def wait_for_step(job: Job, rank: int, step: int, timeout: float = 120) -> None:
@@ -110,3 +121,38 @@ def assert_same_parameters(left: dict[str, np.ndarray], right: dict[str, np.ndar
     assert sorted(left) == sorted(right)
     for name in left:
         assert left[name].dtype == right[name].dtype and left[name].tobytes() == right[name].tobytes(), name
+
+
+def processes(job: Job) -> dict[int, str]:
+    """pid -> MS_ROLE of every process that ran the script (scheduler and workers)."""
+    found = {}
+    for path in job.out.glob("pid_*"):
+        role, _, pid = path.name[len("pid_"):].rpartition("_")
+        found[int(pid)] = role
+    return found
+
+
+def log_tails(job: Job) -> list[int]:
+    """The ``tail -f`` processes msrun started to show the workers' logs, still running."""
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as handle:
+                argv = handle.read().split(b"\0")
+        except OSError:
+            continue
+        if os.path.basename(argv[0]) == b"tail" and any(str(job.logs).encode() in arg for arg in argv):
+            found.append(int(name))
+    return [pid for pid in found if alive(pid)]
+
+
+def wait_gone(pids: list[int], timeout: float = 180) -> None:
+    """Until none of ``pids`` runs (orphans finishing on their own), or kill them and fail."""
+    deadline = time.monotonic() + timeout
+    while any(alive(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            for pid in pids:
+                if alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+            raise AssertionError(f"processes {pids} still running after {timeout} s")
+        time.sleep(0.1)

@@ -138,7 +138,7 @@ def _launch(directory: Path, data: Path, epochs: int, resume: bool, ft_plugins: 
 
 def _crashed_copy(reference: Run, directory: Path) -> Path:
     """The reference's saves up to step 8, the step-8 file cut in half before its commit, meta.json naming it."""
-    from ft_plugins.checkpoint.layouts import recorded_step
+    from ft_plugins.checkpoint.layouts.mindspore import recorded_step
 
     rank_dir = directory / "output" / "checkpoint" / "rank_0"
     shutil.copytree(reference.checkpoints, directory / "output" / "checkpoint")
@@ -190,7 +190,7 @@ def resumed_again(resumed: Run, data: Path) -> Run:
 
 
 def test_reference_run_saves_every_two_steps_with_true_steps_recorded(reference: Run) -> None:
-    from ft_plugins.checkpoint.layouts import recorded_step
+    from ft_plugins.checkpoint.layouts.mindspore import recorded_step
 
     rank_dir = reference.checkpoints / "rank_0"
     assert sorted(reference.losses) == list(range(1, 17))
@@ -223,7 +223,7 @@ def test_new_saves_record_the_true_step_and_match_the_uninterrupted_run(referenc
     import numpy as np
     from mindspore import load_checkpoint
 
-    from ft_plugins.checkpoint.layouts import recorded_step
+    from ft_plugins.checkpoint.layouts.mindspore import recorded_step
 
     def by_step(directory: Path, prefix: str) -> dict[int, Path]:
         return {recorded_step(str(p)): p for p in directory.glob(f"{prefix}-*.ckpt")}

@@ -2,36 +2,31 @@
 written as the README's plain-MindSpore recipe shows, against the same job run uninterrupted.
 
 Nothing is faked: msrun, its scheduler, MindSpore's Model.train, ModelCheckpoint and collectives, the
-checkpoints on disk. A crash is rank 1 SIGKILLing itself right after a step ended.
+checkpoints on disk. A crash is rank 1 SIGKILLing itself right after a step ended; a preemption is
+SIGTERM to the launcher. The jobs form one chain, each fixture built on the one before:
+reference (MindSpore alone; msrun SIGTERMed, its orphans train on to the end) ·
+crashed (MindSpore alone, rank 1 killed after step 14) · dumped (the same with ``ttp``) ·
+preempted (relaunched with the recipe under ``ft-plugins run``, SIGTERM to it after step 18) ·
+finished (relaunched again, to the end).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
 
 import msrun_jobs
-from msrun_jobs import STEPS, Job, assert_same_parameters, job_env
+from msrun_jobs import STEPS, WORKERS, Job, alive, assert_same_parameters, job_env, processes
+from support import PYTHON
 
 KILLED_AFTER = 14  # two steps after the save of step 12
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Job:
-    """The job uninterrupted, MindSpore alone."""
-    job = msrun_jobs.run(tmp_path_factory.mktemp("reference"), "plain", job_env())
-    assert job.returncode == 0, job.stdout[-3000:]
-    return job
-
-
-@pytest.fixture(scope="module")
-def crashed(tmp_path_factory: pytest.TempPathFactory) -> Job:
-    """The job, MindSpore alone, rank 1 killed after step 14: saves of steps 4 to 12 on disk."""
-    job = msrun_jobs.run(tmp_path_factory.mktemp("crashed"), "plain", job_env(FT_TEST_KILL=f"1,{KILLED_AFTER}"))
-    assert job.returncode != 0 and job.steps(1)[-1] == KILLED_AFTER, job.stdout[-3000:]
-    return job
+SLOW_AFTER = 18
+GRACE = 20
+FT_RUN = (PYTHON, "-m", "ft_plugins.cli", "run", "--grace", str(GRACE), "--")
 
 
 def _copy(root: Path, target: Path) -> Path:
@@ -41,45 +36,137 @@ def _copy(root: Path, target: Path) -> Path:
     return target
 
 
+def _latest_step(root: Path) -> tuple[int | None, int | None]:
+    from ft_plugins.checkpoint import find_latest
+
+    selection = find_latest(root, rank=0)
+    return selection.epoch, selection.step
+
+
 @pytest.fixture(scope="module")
-def resumed(crashed: Job, tmp_path_factory: pytest.TempPathFactory) -> Job:
-    """The README's recipe relaunched on the crashed job's checkpoints."""
-    workdir = tmp_path_factory.mktemp("resumed")
-    root = _copy(crashed.root, workdir / "ckpt")
-    return msrun_jobs.run(workdir, "recipe", job_env(FT_PLUGINS="resume"), root=root)
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    """The job uninterrupted, MindSpore alone; its msrun is SIGTERMed after step 3 and dies at once (143),
+    while its workers and scheduler, orphaned, train on to the end: that end is the reference."""
+    job = msrun_jobs.start(tmp_path_factory.mktemp("reference"), "plain", job_env())
+    msrun_jobs.wait_for_step(job, 0, 3)
+    job.process.send_signal(signal.SIGTERM)
+    msrun_jobs.wait(job)
+    job.orphans = [pid for pid in processes(job) if alive(pid)]  # type: ignore[attr-defined]
+    job.tails = msrun_jobs.log_tails(job)  # type: ignore[attr-defined]
+    msrun_jobs.wait_gone(job.orphans)  # type: ignore[attr-defined]
+    for pid in job.tails:  # type: ignore[attr-defined]  # `tail -f` never ends by itself
+        os.kill(pid, signal.SIGKILL)
+    return job
 
 
-def test_the_recipe_resumes_after_the_last_save_and_ends_bit_identical(reference: Job, crashed: Job,
-                                                                        resumed: Job) -> None:
-    assert resumed.returncode == 0, resumed.stdout[-3000:]
-    for rank in range(msrun_jobs.WORKERS):
-        assert resumed.steps(rank) == list(range(13, STEPS + 1))  # the dataset skipped steps 9-12 of epoch 2
-        expected = {step: loss for step, loss in reference.losses(rank).items() if step > 12}
-        assert resumed.losses(rank) == expected
-        assert_same_parameters(resumed.final(rank), reference.final(rank))
+@pytest.fixture(scope="module")
+def crashed(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    job = msrun_jobs.run(tmp_path_factory.mktemp("crashed"), "plain", job_env(FT_TEST_KILL=f"1,{KILLED_AFTER}"),
+                         faulted=True)
+    assert job.returncode != 0 and job.steps(1)[-1] == KILLED_AFTER, job.stdout[-3000:]
+    return job
 
 
-def test_the_resumed_saves_continue_the_cadence(reference: Job, resumed: Job) -> None:
-    """ModelCheckpoint saves steps 16, 20 and 24 as the uninterrupted run did (under its renamed prefix)."""
+@pytest.fixture(scope="module")
+def dumped(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    """The crash with the README's recipe and ``FT_PLUGINS=ttp,resume`` (the built-in engine: no MindIO here)."""
+    job = msrun_jobs.run(tmp_path_factory.mktemp("dumped"), "recipe",
+                         job_env(FT_PLUGINS="ttp,resume", FT_TEST_KILL=f"1,{KILLED_AFTER}"), faulted=True)
+    assert job.returncode != 0 and job.steps(1)[-1] == KILLED_AFTER, job.stdout[-3000:]
+    return job
+
+
+@pytest.fixture(scope="module")
+def preempted(dumped: Job, tmp_path_factory: pytest.TempPathFactory) -> Job:
+    """Relaunched on the dump under ``ft-plugins run``; SIGTERM to the launcher once rank 0 ended step 18."""
+    workdir = tmp_path_factory.mktemp("preempted")
+    root = _copy(dumped.root, workdir / "ckpt")
+    job = msrun_jobs.start(workdir, "recipe", job_env(FT_PLUGINS="ttp,resume", FT_TEST_SLOW=str(SLOW_AFTER)),
+                           root=root, launcher=FT_RUN)
+    msrun_jobs.wait_for_step(job, 0, SLOW_AFTER)
+    job.process.send_signal(signal.SIGTERM)
+    return msrun_jobs.wait(job)
+
+
+@pytest.fixture(scope="module")
+def finished(preempted: Job, tmp_path_factory: pytest.TempPathFactory) -> Job:
+    workdir = tmp_path_factory.mktemp("finished")
+    return msrun_jobs.run(workdir, "recipe", job_env(FT_PLUGINS="ttp,resume"), root=_copy(preempted.root, workdir / "ckpt"))
+
+
+def test_without_ft_plugins_sigterm_to_msrun_orphans_the_job(reference: Job) -> None:
+    """The negative control of the preemption: msrun dies at once and its scheduler and workers train on
+    (and its `tail -f` of each worker's log runs on for ever)."""
+    assert reference.returncode == -signal.SIGTERM
+    assert len(reference.tails) == WORKERS
+    assert sorted(processes(reference)[pid] for pid in reference.orphans) == ["MS_SCHED", "MS_WORKER", "MS_WORKER"]
+    for rank in range(WORKERS):
+        assert reference.steps(rank) == list(range(1, STEPS + 1))
+
+
+def test_without_ttp_a_crash_loses_the_steps_since_the_last_save(crashed: Job) -> None:
+    assert _latest_step(crashed.root) == (2, 4)  # step 12: steps 13 and 14 are lost
+
+
+def test_a_crash_between_saves_loses_no_step_with_ttp(dumped: Job) -> None:
+    """Rank 0 writes step 14 for both ranks within msrun's second before its SIGKILL, committed."""
+    assert dumped.steps(0)[-1] == KILLED_AFTER  # rank 0 ended step 14 too, then hung in step 15's AllReduce
+    for rank in range(WORKERS):
+        directory = dumped.root / f"rank_{rank}"
+        assert (directory / "net-2_6.ckpt").is_file() and (directory / "ft_manifest-net-2_6.json").is_file()
+        assert not [p.name for p in directory.iterdir() if p.name.startswith(".")]  # no claim or staging left
+    assert _latest_step(dumped.root) == (2, 6)
+    assert "dying-gasp checkpoint of step 14 written" in dumped.log(0)
+
+
+def test_the_relaunch_resumes_at_the_dumped_step(dumped: Job, preempted: Job, reference: Job) -> None:
+    for rank in range(WORKERS):
+        steps = preempted.steps(rank)
+        assert steps[0] == KILLED_AFTER + 1  # 0 steps lost
+        assert preempted.losses(rank) == {step: reference.losses(rank)[step] for step in steps}
+
+
+def test_sigterm_to_the_launcher_ends_every_process_after_its_dying_gasp(preempted: Job) -> None:
+    assert preempted.returncode == 128 + signal.SIGTERM, preempted.stdout[-3000:]
+    ours = processes(preempted)
+    assert sorted(ours.values()) == ["MS_SCHED", "MS_WORKER", "MS_WORKER"]
+    assert not [pid for pid in ours if alive(pid)] and not msrun_jobs.log_tails(preempted)  # nothing outlives it
+    last = max(preempted.steps(rank)[-1] for rank in range(WORKERS))
+    assert SLOW_AFTER <= last < STEPS
+    epoch, step_in_epoch = (last - 1) // 8 + 1, (last - 1) % 8 + 1
+    assert _latest_step(preempted.root) == (epoch, step_in_epoch)  # the last completed step, committed
+    assert any(f"SIGTERM: dying-gasp checkpoint of step {last} written" in preempted.log(rank) for rank in range(WORKERS))
+    preempted.last = last  # type: ignore[attr-defined]
+
+
+def test_the_second_relaunch_ends_bit_identical_to_the_uninterrupted_job(preempted: Job, finished: Job,
+                                                                         reference: Job) -> None:
     from mindspore import load_checkpoint
 
-    saved = sorted(p.name for p in (resumed.root / "rank_0").glob("net_1-*.ckpt"))
-    assert saved == ["net_1-2_8.ckpt", "net_1-3_4.ckpt", "net_1-3_8.ckpt"]
-    for name in saved:
-        ours = load_checkpoint(str(resumed.root / "rank_0" / name))
-        theirs = load_checkpoint(str(reference.root / "rank_0" / name.replace("net_1", "net")))
-        assert_same_parameters({k: v.asnumpy() for k, v in ours.items()}, {k: v.asnumpy() for k, v in theirs.items()})
+    assert finished.returncode == 0, finished.stdout[-3000:]
+    last = max(preempted.steps(rank)[-1] for rank in range(WORKERS))
+    for rank in range(WORKERS):
+        assert finished.steps(rank) == list(range(last + 1, STEPS + 1))
+        assert finished.losses(rank) == {step: reference.losses(rank)[step] for step in range(last + 1, STEPS + 1)}
+        assert_same_parameters(finished.final(rank), reference.final(rank))
+    # ModelCheckpoint's cadence went on from the resumed step: the step-24 save is the uninterrupted job's
+    ours = sorted((finished.root / "rank_0").glob("net_*-3_8.ckpt"))[-1]
+    theirs = load_checkpoint(str(reference.root / "rank_0" / "net-3_8.ckpt"))
+    assert_same_parameters({k: v.asnumpy() for k, v in load_checkpoint(str(ours)).items()},
+                           {k: v.asnumpy() for k, v in theirs.items()})
 
 
 def test_without_a_resume_dir_initial_epoch_refuses_naming_it(crashed: Job,
                                                              tmp_path_factory: pytest.TempPathFactory) -> None:
     """``FaultTolerance()`` + ``initial_epoch(...)``: before, every epoch was trained again on the loaded step 12."""
     workdir = tmp_path_factory.mktemp("no_directory")
-    job = msrun_jobs.run(workdir, "no_directory", job_env(FT_PLUGINS="resume"), root=_copy(crashed.root, workdir / "ckpt"))
+    job = msrun_jobs.run(workdir, "no_directory", job_env(FT_PLUGINS="resume"), root=_copy(crashed.root, workdir / "ckpt"),
+                         faulted=True)
     assert job.returncode != 0
-    errors = [job.error(rank) for rank in range(msrun_jobs.WORKERS) if job.error(rank)]
+    errors = [job.error(rank) for rank in range(WORKERS) if job.error(rank)]
     assert errors  # the first rank to fail ends the job: msrun kills the other wherever it stands
     for error in errors:
         assert error.startswith("ValueError: resume: initial_epoch() cannot know where the checkpoints are")
         assert "FaultTolerance(resume_dir=DIR)" in error
-    assert [job.steps(rank) for rank in range(msrun_jobs.WORKERS)] == [[], []]  # nothing trained
+    assert [job.steps(rank) for rank in range(WORKERS)] == [[], []]  # nothing trained
+    assert not os.path.exists(job.out / "final_0.npz")

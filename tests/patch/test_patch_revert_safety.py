@@ -90,6 +90,17 @@ def test_a_symlinked_source_file_is_written_through(legacy: Path, capsys: pytest
     assert path.is_symlink() and real.read_bytes() == original
 
 
+def _blocked_on_a_lock(process: subprocess.Popen, timeout: float = 120.0) -> bool:
+    """Whether ``process`` shows up in /proc/locks as waiting for a lock (``->`` lines) before it exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        with open("/proc/locks") as locks:
+            if any("->" in line and f" {process.pid} " in line for line in locks):
+                return True
+        time.sleep(0.05)
+    return False
+
+
 def test_concurrent_runs_take_turns_and_keep_both_sets_of_edits(legacy: Path) -> None:
     from ft_plugins.patch import locked
 
@@ -98,7 +109,7 @@ def test_concurrent_runs_take_turns_and_keep_both_sets_of_edits(legacy: Path) ->
     with locked(root):
         other = subprocess.Popen([sys.executable, "-m", "ft_plugins.cli", "patch", str(legacy), "--features", "mstx"],
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        time.sleep(3)  # long enough for it to reach the lock; it must wait there, not write
+        assert _blocked_on_a_lock(other)  # the kernel lists it as a waiter: it reached the lock and waits there
         assert other.poll() is None and marker("step-range") not in (legacy / FILE).read_text()
         apply(make_plan(detect(legacy), ["taskd"]))
     output, _ = other.communicate(timeout=120)

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from ft_plugins.checkpoint import find_latest, verify
-from ft_plugins.checkpoint.dump import (PART_RECORD, Part, commit_dump, complete_pending, dump_dir, final_dir,
-                                        pending_reason, uncovered, write_part)
-from ft_plugins.checkpoint.layouts import TRACKER
+from ft_plugins.checkpoint.dump import PART_RECORD, Part, commit_dump, complete_pending, pending_reason, uncovered, write_part
+from ft_plugins.checkpoint.naming import TRACKER, dump_dir
+from ft_plugins.checkpoint.naming import iteration_dir as final_dir
 
 SHARDS = ("mp_rank_00", "mp_rank_01")
 

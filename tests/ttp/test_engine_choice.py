@@ -131,14 +131,14 @@ def test_high_availability_without_mindspeed_llm_leaves_ttp_on_and_says_so(clean
 def test_mindio_with_the_old_api_is_named_and_training_goes_on(clean: pytest.MonkeyPatch, tmp_path,
                                                                caplog: pytest.LogCaptureFixture) -> None:
     """A MindIO from before the tft_* rename (ttp_* functions) is not driven: said once, never a crash."""
-    from ft_plugins.torch.ttp import MindioEngine
+    from ft_plugins.torch.ttp import MegatronTtp
 
     old_mindio(tmp_path)
     clean.syspath_prepend(str(tmp_path))
     clean.setenv("TTP_ADDR", "127.0.0.1")
     runtime = activate("pt", env={"FT_PLUGINS": "ttp"})
     try:
-        engine = MindioEngine(runtime.feature("ttp"))
+        engine = MegatronTtp(runtime.feature("ttp"), strict=False).mindio
         with caplog.at_level(logging.WARNING, logger="ft_plugins"):
             assert engine.initialize_distributed(lambda: "initialized", None, (), {}) == "initialized"
     finally:

@@ -1,0 +1,196 @@
+"""Choose the newest intact checkpoint of a save directory, or judge one checkpoint.
+
+A checkpoint is intact when every file its layout requires is present for every rank the run had
+(compared with its neighbouring checkpoint), non-empty, structurally sound (:mod:`.probes`), and
+matches its commit manifests (:mod:`.manifest`; one per checkpoint directory, one per rank for
+MindSpore's per-rank files) when ft_plugins wrote them. A checkpoint missing one while an older one
+is committed is an unfinished save (the run commits, and this save did not finish on every rank).
+Candidates are examined newest first and the search stops at the first intact one, so the cost
+grows with the candidates examined.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from ft_plugins.checkpoint.errors import CheckpointError
+from ft_plugins.checkpoint.layouts import FORMATS, Candidate, Layout, detect
+from ft_plugins.checkpoint.manifest import manifest_problems
+from ft_plugins.checkpoint.probes import probe
+
+_COMMITTED_LOOKBACK = 3
+
+
+@dataclass(frozen=True)
+class Skipped:
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The chosen checkpoint (``path`` None when none is intact) and every newer one passed over."""
+
+    path: str | None
+    iteration: int | None
+    format: str | None
+    skipped: list[Skipped]
+    epoch: int | None = None
+    step: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"path": self.path, "iteration": self.iteration, "format": self.format,
+                               "skipped": [{"path": s.path, "reason": s.reason} for s in self.skipped]}
+        if self.epoch is not None or self.step is not None:
+            out.update(epoch=self.epoch, step=self.step)
+        return out
+
+
+@dataclass(frozen=True)
+class Verdict:
+    path: str
+    format: str | None
+    intact: bool
+    reasons: list[str] = field(default_factory=list)
+
+
+def _entries(directory: str) -> list[os.DirEntry]:
+    try:
+        with os.scandir(directory) as entries:
+            return list(entries)
+    except FileNotFoundError:
+        raise CheckpointError(f"{directory}: no such directory; give the save directory "
+                              "(the --save / --load path or the checkpoint output directory)") from None
+    except NotADirectoryError:
+        raise CheckpointError(f"{directory}: not a directory; give the save directory, "
+                              "or use 'ft-plugins ckpt verify' for a single checkpoint") from None
+    except OSError as exc:
+        raise CheckpointError(f"{directory}: cannot be read ({exc.strerror}); check its permissions") from None
+
+
+class _Examiner:
+    """Checks the candidates of one scan, caching each candidate's file listing for its neighbours."""
+
+    def __init__(self, layout: Layout, candidates: list[Candidate], deep: bool) -> None:
+        self.layout = layout
+        self.candidates = candidates
+        self.deep = deep
+        self._contents: dict[int, tuple[dict[str, str], list[str]] | None] = {}
+        self._has_manifest: dict[int, bool] = {}
+
+    def contents(self, index: int) -> tuple[dict[str, str], list[str]] | None:
+        if index not in self._contents:
+            try:
+                self._contents[index] = self.layout.contents(self.candidates[index])
+            except OSError:
+                self._contents[index] = None
+        return self._contents[index]
+
+    def _neighbour(self, index: int) -> int | None:
+        """The next older regular candidate, else the next newer one: the run's reference shape."""
+        order = itertools.chain(range(index + 1, len(self.candidates)), range(index - 1, -1, -1))
+        return next((i for i in order if not self.candidates[i].rejected), None)
+
+    def _older_committed(self, index: int) -> bool:
+        """Whether one of the nearest older checkpoints of this run is committed (the run uses the commit
+        protocol); a few suffice, so the cost does not grow with the history."""
+        for i in range(index + 1, min(index + 1 + _COMMITTED_LOOKBACK, len(self.candidates))):
+            if i not in self._has_manifest:
+                manifests = self.candidates[i].manifests
+                self._has_manifest[i] = bool(manifests) and all(os.path.exists(path) for path, _ in manifests)
+            if self._has_manifest[i]:
+                return True
+        return False
+
+    def problems(self, index: int) -> list[str]:
+        candidate = self.candidates[index]
+        if candidate.rejected:
+            return [candidate.rejected]
+        listed = self.contents(index)
+        if listed is None:
+            return ["cannot be listed (removed or unreadable)"]
+        files, problems = listed
+        problems = list(problems)
+        uncommitted = []
+        per_rank = len(candidate.manifests) > 1  # then say whose manifest: its directory's name
+        for manifest, base in candidate.manifests:
+            whose = f"{os.path.basename(base)}/" if per_rank else ""
+            found = manifest_problems(manifest, base, self.deep)
+            if found is None:
+                uncommitted.append(f"{whose}{os.path.basename(manifest)}")
+            else:
+                problems += [f"{whose}{problem}" for problem in found]
+        if uncommitted or not candidate.manifests:
+            neighbour = self._neighbour(index)
+            reference = self.contents(neighbour) if neighbour is not None else None
+            if reference is not None:
+                other = os.path.basename(self.candidates[neighbour].path)
+                problems += [f"{role} missing (present in {other}, same run)"
+                             for role in sorted(set(reference[0]) - set(files))]
+        for role, path in files.items():
+            reason = probe(path, self.deep)
+            if reason:
+                problems.append(f"{role}: {reason}")
+        if not problems and uncommitted and self._older_committed(index):
+            what = ("no manifest" if len(uncommitted) == len(candidate.manifests)
+                    else f"no {', '.join(uncommitted)} (the other ranks committed)")
+            problems.append(f"uncommitted: {what}, while older checkpoints of this run are committed "
+                            "(the save did not finish on every rank)")
+        return problems
+
+
+def find_latest(directory: str | os.PathLike[str], format: str = "auto", rank: int | None = None,
+                deep: bool = False) -> Selection:
+    """The newest intact checkpoint in a save directory, and every newer candidate skipped with its reason.
+
+    ``rank`` picks that rank's file in per-rank layouts (mindspore, mindformers); every rank gets the
+    same epoch/step. Raises CheckpointError for an unreadable directory or an unknown format.
+    """
+    if format not in FORMATS:
+        raise CheckpointError(f"unknown checkpoint format {format!r}; use one of {', '.join(FORMATS)}")
+    if rank is not None and (type(rank) is not int or rank < 0):
+        raise CheckpointError(f"rank {rank!r} is not a rank: give a number from 0 (or none)")
+    root = os.fspath(directory)
+    layout = detect(_entries(root), format)
+    if layout is None:
+        return Selection(None, None, None if format == "auto" else format, [])
+    scan = layout.scan(root, _entries(root), rank)
+    examiner = _Examiner(layout, scan.candidates, deep)
+    skipped = [Skipped(path, reason) for path, reason in scan.notes]
+    for index, candidate in enumerate(scan.candidates):
+        problems = examiner.problems(index)
+        if not problems:
+            chosen = layout.details(candidate)
+            return Selection(chosen.path, chosen.iteration, layout.name, skipped, chosen.epoch, chosen.step)
+        skipped.append(Skipped(candidate.path, "; ".join(problems)))
+    return Selection(None, None, layout.name, skipped)
+
+
+def verify(path: str | os.PathLike[str], deep: bool = False) -> Verdict:
+    """Check one checkpoint (a checkpoint directory, or a per-rank ``.ckpt`` file) in the context of
+    its save directory; a lone file of another kind gets its structural probe only."""
+    target = os.path.abspath(os.fspath(path))
+    if not os.path.exists(target):
+        raise CheckpointError(f"{target}: no such file or directory")
+    parent = os.path.dirname(target)
+    for root in (parent, os.path.dirname(parent)):
+        try:
+            entries = _entries(root)
+        except CheckpointError:  # e.g. an unreadable grandparent: judge by what can be read
+            continue
+        layout = detect(entries, "auto")
+        if layout is None:
+            continue
+        scan = layout.scan(root, entries, None)
+        for index, candidate in enumerate(scan.candidates):
+            if target == candidate.path or target in candidate.rank_files.values():
+                reasons = _Examiner(layout, scan.candidates, deep).problems(index)
+                return Verdict(target, layout.name, not reasons, reasons)
+    if os.path.isdir(target):
+        raise CheckpointError(f"{target}: not a checkpoint of a known layout (iter_*, iteration_*, "
+                              "checkpoint-N, rank_*/*.ckpt); use 'ft-plugins ckpt latest' for a save directory")
+    reason = probe(target, deep)
+    return Verdict(target, None, reason is None, [reason] if reason else [])

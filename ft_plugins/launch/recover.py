@@ -1,0 +1,130 @@
+"""The launcher side of ``recover``, inside the torchrun process: only the failed worker is restarted.
+
+torch 2.13's ``LocalElasticAgent`` answers any worker failure by stopping every local worker and
+starting them all again. With ``recover`` on, :class:`Supervisor` looks at the workers first on each
+monitoring round: a worker that exited with an error is replaced by a new process with the same
+``RANK`` / ``LOCAL_RANK`` (and ``FT_PLUGINS_RECOVERY`` naming its generation), the generation is
+announced on the agent's store (:mod:`ft_plugins.recovery`), and the other workers are never
+signalled. torchrun's own handling runs instead, which ends in ``ttp``'s dump and a whole-job restart,
+when recovery cannot work: the store is not the agent's, a second worker fails before the current
+repair is done, or a generation was abandoned. Each of these is said in one line.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import timedelta
+from typing import Any, Callable
+
+from ft_plugins.config import RECOVERY_VAR
+from ft_plugins.recovery import key, namespace, replacement_value
+
+log = logging.getLogger("ft_plugins.recover")
+
+AGENT = "torch.distributed.elastic.agent.server.local_elastic_agent"
+STORE_TIMEOUT = timedelta(seconds=30)
+
+
+class Supervisor:
+    """Replaces failed local workers in place, one generation at a time."""
+
+    def __init__(self) -> None:
+        self.store: Any = None
+        self.generation = 0
+        self.lives: dict[int, int] = {}  # local rank -> replacements so far
+        self.refusal = ""  # once set, torchrun's own handling runs for every failure
+
+    def install(self) -> None:
+        """Wrap the agent's monitoring round (imported here: this runs in the torchrun process only)."""
+        import importlib
+
+        import wrapt
+
+        agent = importlib.import_module(AGENT).LocalElasticAgent
+        original = agent._monitor_workers
+        agent._monitor_workers = wrapt.FunctionWrapper(original, self.monitor)
+
+    def monitor(self, wrapped: Callable[..., Any], agent: Any, args: tuple, kwargs: dict) -> Any:
+        worker_group = kwargs.get("worker_group", args[0] if args else None)
+        context = getattr(agent, "_pcontext", None)
+        handlers = getattr(context, "subprocess_handlers", None)
+        if worker_group is not None and handlers and not self.refusal:
+            for local_rank in sorted(context._running_local_ranks):
+                code = handlers[local_rank].proc.poll()
+                if code not in (None, 0):
+                    self._failed(worker_group, context, local_rank, code)
+            for local_rank, pid in context.pids().items():  # the agent checks its workers' pids first
+                worker_group.workers[local_rank].id = pid
+        return wrapped(*args, **kwargs)
+
+    def _failed(self, worker_group: Any, context: Any, local_rank: int, code: int) -> None:
+        rank = worker_group.workers[local_rank].global_rank
+        why = self._why_not(worker_group)
+        if why:
+            self.refusal = why
+            log.warning("recover: rank %d exited with code %d and is not replaced: %s; torchrun's own handling "
+                        "follows (ttp's dump, whole-job restart)", rank, code, why)
+            if self.store is not None and self.generation:
+                self.store.set(key(self.generation, "abandoned"), f"rank {rank} lost too ({why})")
+            return
+        self.generation = self.store.add("generation", 1)
+        life = self.lives[local_rank] = self.lives.get(local_rank, 0) + 1
+        lost = context.subprocess_handlers[local_rank]
+        try:
+            lost.close()  # its process group: what the lost worker left behind (e.g. data loader workers)
+        except ProcessLookupError:
+            pass
+        handler = self._start(context, local_rank, replacement_value(self.generation, life))
+        context.subprocess_handlers[local_rank] = handler
+        self.store.set(key(self.generation, "lost"), str(rank))
+        log.warning("recover: rank %d exited with code %d; replacement pid %d started as generation %d, the other "
+                    "workers keep running", rank, code, handler.proc.pid, self.generation)
+
+    def _why_not(self, worker_group: Any) -> str:
+        """Why this failure cannot be recovered in place ("" when it can)."""
+        if not getattr(worker_group.spec.rdzv_handler, "use_agent_store", False):
+            return ("the workers' store is not the agent's (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1), so it dies "
+                    "with rank 0; launch without it")
+        try:
+            self._connect(worker_group)
+            if self.generation:
+                done = self.store.add(key(self.generation, "done"), 0)
+                world = worker_group.workers[0].world_size
+                if done < world:
+                    return f"a second fault during recovery (generation {self.generation}: {done}/{world} ranks repaired)"
+        except Exception as exc:  # the store host is gone
+            return f"torchrun's store is unreachable ({type(exc).__name__}: {exc})"
+        return ""
+
+    def _connect(self, worker_group: Any) -> None:
+        if self.store is not None:
+            return
+        from torch.distributed import PrefixStore, TCPStore
+
+        client = TCPStore(worker_group.master_addr, worker_group.master_port, is_master=False,
+                          timeout=STORE_TIMEOUT)
+        self.store = PrefixStore(namespace(worker_group.spec.rdzv_handler.get_run_id()), client)
+
+    @staticmethod
+    def _start(context: Any, local_rank: int, place: str) -> Any:
+        """A new worker process exactly as torchrun started the lost one, plus its place in the recovery."""
+        from torch.distributed.elastic.multiprocessing.subprocess_handler import get_subprocess_handler
+
+        env = {**context.envs[local_rank], RECOVERY_VAR: place}
+        return get_subprocess_handler(entrypoint=context.entrypoint, args=context.args[local_rank], env=env,
+                                      stdout=context.stdouts[local_rank], stderr=context.stderrs[local_rank],
+                                      local_rank_id=local_rank, numa_options=getattr(context, "_numa_options", None))
+
+
+def install() -> bool:
+    """Called in the torchrun launcher when ``recover`` is on; never raises (torchrun then runs as usual)."""
+    try:
+        Supervisor().install()
+        os.environ[RECOVERY_VAR] = replacement_value(0, 0)  # every worker started knows a launcher replaces it
+    except Exception as exc:
+        log.warning("recover: torchrun's agent not adapted (%s: %s); a lost rank restarts the whole job",
+                    type(exc).__name__, exc)
+        return False
+    log.info("recover: torchrun's agent restarts only a failed worker (pid %d)", os.getpid())
+    return True

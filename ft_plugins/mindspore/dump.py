@@ -1,0 +1,266 @@
+"""``ttp``'s built-in engine on MindSpore (no MindIO): the survivors write the last completed step.
+
+When a worker dies, msrun notices within a second and SIGKILLs every other worker: no handler, atexit
+or callback runs there, and the survivors' main threads sit in the step's AllReduce, where reading a
+live parameter blocks behind the stuck collective. So the state is copied to host memory at every
+step end (every parameter of the train network: weights, optimizer state, step counter, learning
+rate), and a watcher thread writes that copy when
+
+- a worker of this node exits while this rank is inside a step (its process is polled every 20 ms): once
+  this rank is inside a step begun after the loss (it cannot complete), or the step in flight had time
+  to end (its AllReduce may have completed before the loss),
+- a step has run for longer than ``STALL_STEPS`` times the median step, and at least ``STALL_FLOOR``
+  seconds (a peer lost on another node), or
+- SIGTERM arrives (a preemption, or ``ft-plugins run`` stopping msrun): written, then the process exits 143.
+
+The copy is written as every rank's next regular checkpoint, ``rank_N/<prefix>-<epoch>_<step>.ckpt``
+named as the run's ``ModelCheckpoint`` names its own, each file through a temporary name and a
+rename, then committed with its manifest, so resume takes it like any save. Data parallel keeps one
+replica per rank, so one survivor can write every rank's file: each file is claimed first
+(``O_EXCL``), so every file has one writer. A file already there (a regular save of that step) is
+left alone. Layouts without a replica of every rank (model or optimizer parallel, sink size > 1) are
+refused before the first step by :class:`ft_plugins.mindspore.ttp.TtpCallback`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import signal
+import statistics
+import threading
+import time
+from collections import deque
+from typing import Any, NamedTuple
+
+from ft_plugins.features.resume import Resume
+from ft_plugins.features.ttp import Ttp
+from ft_plugins.logs import exit_now
+from ft_plugins.mindspore.base import checkpoint_callback, global_rank, save_root
+from ft_plugins.processes import alive, all_pids, status
+from ft_plugins.runtime import Runtime
+
+log = logging.getLogger("ft_plugins.ttp")
+
+POLL = 0.02
+STALL_STEPS = 10
+STALL_FLOOR = 3.0
+SETTLE_FLOOR = 0.2
+EXIT_ON_SIGTERM = 128 + signal.SIGTERM
+
+
+class Snapshot(NamedTuple):
+    """The host copy of one completed step."""
+
+    epoch: int
+    step: int  # MindSpore's global step counter
+    step_in_epoch: int
+    parameters: list[tuple[str, Any]]  # (name, numpy array), in the network's order
+
+
+class Target(NamedTuple):
+    """Where the dump goes: the save root, this rank's directory's name pattern, the prefix, the ranks."""
+
+    directory: str  # this rank's directory
+    per_rank: bool  # ``<root>/rank_N`` directories: every rank's file is written
+    prefix: str
+    ranks: int
+    append: dict[str, Any]  # ModelCheckpoint's append_dict and the counts it adds to it
+
+
+class DumpEngine:
+    """Step-end host copies and the watcher that writes the last one; driven by ``TtpCallback``."""
+
+    def __init__(self, runtime: Runtime, ttp: Ttp) -> None:
+        self.runtime = runtime
+        self.ttp = ttp
+        self.snapshot: Snapshot | None = None
+        self.target: Target | None = None
+        self.step_started: float | None = None  # monotonic time the running step began; None between steps
+        self.durations: deque[float] = deque(maxlen=20)
+        self.peers: list[int] = []
+        self.written: set[tuple[int, int]] = set()  # (step, rank) files this process wrote or found written
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.copy_seconds = 0.0
+
+    # -- the training thread ----------------------------------------------------------------------
+    def begin(self, cb_params: Any) -> None:
+        self.target = self._target(cb_params)
+        self.peers = _local_peers()
+        self._watch_sigterm()
+        threading.Thread(target=self._watch, name="ft_plugins-ttp-watcher", daemon=True).start()
+        if global_rank() in (0, None):  # rank 0 speaks for a healthy job
+            log.info("ttp: built-in engine: host copy at every step end, written to %s on a lost peer (%d workers "
+                     "of this node watched), a stalled step or SIGTERM", self.target.directory, len(self.peers))
+
+    def step_begin(self) -> None:
+        self.step_started = time.monotonic()
+
+    def step_end(self, cb_params: Any) -> None:
+        started = time.perf_counter()
+        parameters = [(p.name, p.asnumpy().copy()) for p in cb_params.train_network.get_parameters()]
+        step = cb_params.cur_step_num
+        self.snapshot = Snapshot(cb_params.cur_epoch_num, step, (step - 1) % cb_params.batch_num + 1, parameters)
+        self.copy_seconds += time.perf_counter() - started
+        if self.step_started is not None:
+            self.durations.append(time.monotonic() - self.step_started)
+        self.step_started = None
+
+    def end(self) -> None:
+        self.stopped.set()
+
+    # -- the watcher ------------------------------------------------------------------------------
+    def _watch(self) -> None:
+        """A lost peer: the step in flight may still complete (its AllReduce may be done), a step begun after the
+        loss cannot; so the copy is written once this rank is inside such a step, or once the step in flight
+        has had ``_settle()`` to end, and again if a newer step completed meanwhile."""
+        lost_at, reason, written = None, "", 0
+        while not self.stopped.wait(POLL):
+            started, snapshot, now = self.step_started, self.snapshot, time.monotonic()
+            if lost_at is None:
+                lost = [pid for pid in self.peers if not alive(pid)] if started is not None else []
+                if lost:
+                    lost_at, self.peers = now, [pid for pid in self.peers if pid not in lost]
+                    reason = f"worker process {', '.join(map(str, lost))} of this node exited"
+                elif started is not None and self.durations and now - started > self._stall():
+                    self.dump_safely(f"the step has run for over {self._stall():.1f} s")
+                    self.step_started = None  # once per stall
+            elif snapshot is not None and snapshot.step > written and (
+                    (started is not None and started > lost_at) or now - lost_at > self._settle()):
+                self.dump_safely(reason)
+                written = snapshot.step
+
+    def _stall(self) -> float:
+        return max(STALL_FLOOR, STALL_STEPS * statistics.median(self.durations))
+
+    def _settle(self) -> float:
+        return max(SETTLE_FLOOR, 2 * statistics.median(self.durations)) if self.durations else SETTLE_FLOOR
+
+    def dump_safely(self, reason: str) -> None:
+        try:
+            self.dump(reason)
+        except Exception as exc:  # the watcher keeps watching (SIGTERM may still come)
+            log.warning("ttp: %s, but the dying-gasp checkpoint failed: %s: %s", reason, type(exc).__name__, exc)
+
+    def _watch_sigterm(self) -> None:
+        """A watcher thread woken by SIGTERM through ``signal.set_wakeup_fd``: a Python handler alone would
+        run only once the main thread's collective returns."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        reader, writer = os.pipe()
+        os.set_blocking(writer, False)
+        signal.signal(signal.SIGTERM, lambda _signum, _frame: None)  # the watcher acts, then exits the process
+        signal.set_wakeup_fd(writer, warn_on_full_buffer=False)
+
+        def on_signal() -> None:
+            while signal.SIGTERM not in os.read(reader, 64):
+                pass
+            self.dump_safely("SIGTERM")
+            exit_now(EXIT_ON_SIGTERM)
+
+        threading.Thread(target=on_signal, name="ft_plugins-ttp-sigterm", daemon=True).start()
+
+    # -- the dump ---------------------------------------------------------------------------------
+    def dump(self, reason: str) -> list[str]:
+        """Write the last completed step as every rank's checkpoint this process may write; the paths written."""
+        with self.lock:
+            snapshot, target = self.snapshot, self.target
+            if snapshot is None or target is None:
+                log.warning("ttp: %s, but no step has completed yet: nothing to write", reason)
+                return []
+            started = time.monotonic()
+            ranks = range(target.ranks) if target.per_rank else [None]
+            written = [path for rank in ranks if (path := self._write(snapshot, target, rank)) is not None]
+        if written:
+            log.warning("ttp: %s: dying-gasp checkpoint of step %d written in %.3f s: %s", reason, snapshot.step,
+                        time.monotonic() - started, ", ".join(written))
+        else:
+            log.warning("ttp: %s: step %d already written (by a regular save or another survivor)", reason,
+                        snapshot.step)
+        return written
+
+    def _write(self, snapshot: Snapshot, target: Target, rank: int | None) -> str | None:
+        import mindspore
+
+        me = global_rank() or 0
+        key = (snapshot.step, me if rank is None else rank)
+        if key in self.written:
+            return None
+        self.written.add(key)
+        directory = target.directory if rank is None else os.path.join(save_root(target.directory), f"rank_{rank}")
+        prefix = target.prefix if rank is None else re.sub(rf"rank_{me}(?=_|$)", f"rank_{rank}", target.prefix)
+        path = os.path.join(directory, f"{prefix}-{snapshot.epoch}_{snapshot.step_in_epoch}.ckpt")
+        claim = os.path.join(directory, f".ft_ttp_claim-{os.path.basename(path)}")
+        os.makedirs(directory, exist_ok=True)
+        try:
+            os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except FileExistsError:
+            return None  # another survivor writes this file
+        staging = os.path.join(directory, f".ft_ttp-{me}")  # resume never sees half a file
+        try:
+            if os.path.exists(path):
+                return None
+            append = {**target.append}
+            append.update({name: value + (snapshot.epoch if name == "epoch_num" else snapshot.step)
+                           for name, value in target.append.items() if name in ("epoch_num", "step_num")})
+            os.makedirs(staging, exist_ok=True)
+            partial = os.path.join(staging, os.path.basename(path))
+            mindspore.save_checkpoint([{"name": name, "data": mindspore.Tensor(array)}
+                                       for name, array in snapshot.parameters], partial, append_dict=append or None)
+            with open(partial, "rb") as handle:
+                os.fsync(handle.fileno())
+            os.replace(partial, path)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+            os.unlink(claim)
+        self.ttp.saves.append(path)
+        resume = self.runtime.running(Resume)
+        if resume is not None:
+            resume.commit(path)
+        return path
+
+    def _target(self, cb_params: Any) -> Target:
+        from mindspore.communication.management import GlobalComm, get_group_size
+
+        checkpoint = checkpoint_callback(cb_params)
+        directory = self.ttp.settings["save_dir"] or (checkpoint._directory if checkpoint is not None else "")  # noqa: SLF001
+        if not directory:
+            raise ValueError("no ModelCheckpoint in the run and FT_PLUGINS_TTP_SAVE_DIR unset: nowhere to write")
+        prefix = checkpoint._prefix if checkpoint is not None and isinstance(checkpoint._prefix, str) else "ttp"  # noqa: SLF001
+        append: dict[str, Any] = {}
+        if checkpoint is not None:  # ModelCheckpoint adds the run's counts to these two entries of its append_dict
+            append = dict(checkpoint._append_dict)  # noqa: SLF001
+            for name, base in (("epoch_num", checkpoint._append_epoch_num), ("step_num", checkpoint._append_step_num)):  # noqa: SLF001
+                if name in append:
+                    append[name] = base
+        ranks = get_group_size() if GlobalComm.INITED else 1
+        per_rank = save_root(directory) != os.path.normpath(directory)
+        return Target(directory, per_rank, prefix, ranks, append)
+
+
+def _local_peers() -> list[int]:
+    """The other msrun workers of this node: processes with this one's parent running this one's command line
+    (msrun also starts its scheduler with it, and ``tail -f`` of each worker log: told apart by ``MS_ROLE``)."""
+    me, parent = os.getpid(), os.getppid()
+    try:
+        with open(f"/proc/{me}/cmdline", "rb") as handle:
+            command = handle.read()
+    except OSError:
+        return []
+    peers = []
+    for pid in all_pids():
+        found = status(pid)
+        if pid == me or found is None or found[1] != parent:
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                same = handle.read() == command
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                if same and b"MS_ROLE=MS_WORKER" in handle.read().split(b"\0"):
+                    peers.append(pid)
+        except OSError:
+            continue
+    return peers

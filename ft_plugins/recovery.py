@@ -1,0 +1,102 @@
+"""In-place recovery's protocol on torchrun's store, shared by the launcher and the workers; framework-neutral.
+
+The launcher (:mod:`ft_plugins.launch.recover`) replaces a lost worker and announces a new recovery
+generation; the workers (:mod:`ft_plugins.torch.recover`) meet in it. Every key lives under
+``ft_plugins/recover/<run id>/`` on the store torchrun's agent hosts (it outlives every worker):
+
+| key | written by | meaning |
+| --- | --- | --- |
+| ``generation`` | launcher (``add``) | the newest generation started |
+| ``g<G>/lost`` | launcher | the global rank replaced in generation G |
+| ``g<G>/abandoned`` | launcher or a worker | why generation G cannot recover (the dump follows) |
+| ``g<G>/state/<rank>`` | each survivor | where it stands: steps completed, consumed samples, floating point ops |
+| ``g<G>/joined`` | the replacement | it is ready to rebuild the groups with the survivors |
+| ``g<G>/done`` | every rank (``add``) | ranks that finished generation G's repair |
+
+``FT_PLUGINS_RECOVERY`` tells a worker that a launcher replaces lost workers (``0,0``), or, in a
+replacement, its generation and which life of its rank it is (``<generation>,<life>``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Mapping, NamedTuple
+
+from ft_plugins.config import RECOVERY_VAR
+
+PREFIX = "ft_plugins/recover"
+DEFAULT_TIMEOUT = 180.0  # seconds, as MindIO's TTP_NORMAL_ACTION_TIME_LIMIT
+
+
+class Replacement(NamedTuple):
+    generation: int
+    life: int  # 1 for a rank's first replacement
+
+
+def replacement(env: Mapping[str, str]) -> Replacement | None:
+    """This process's place when the launcher started it as a replacement, else None (also when malformed)."""
+    generation, _, life = env.get(RECOVERY_VAR, "").partition(",")
+    if not (generation.isdigit() and life.isdigit()) or int(generation) == 0:
+        return None
+    return Replacement(int(generation), int(life))
+
+
+def supervised(env: Mapping[str, str]) -> bool:
+    """Whether this worker's launcher replaces lost workers (``recover``'s agent in torchrun)."""
+    return bool(env.get(RECOVERY_VAR))
+
+
+def replacement_value(generation: int, life: int) -> str:
+    return f"{generation},{life}"
+
+
+def namespace(run_id: str) -> str:
+    return f"{PREFIX}/{run_id or 'none'}/"
+
+
+def key(generation: int, name: str) -> str:
+    return f"g{generation}/{name}"
+
+
+class Standing(NamedTuple):
+    """Where a survivor stands when it caught the fault: ``completed`` steps (-1: its state is torn),
+    ``position`` the iteration its training loop counts, consumed samples and floating point ops at ``completed``."""
+
+    completed: int
+    position: int
+    consumed: int
+    flops: float
+
+    def encode(self) -> bytes:
+        return json.dumps(self._asdict()).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> "Standing":
+        return cls(**json.loads(raw.decode()))
+
+
+class Plan(NamedTuple):
+    """What every rank decides alike from the survivors' standings: the step K to continue from, and per
+    data-parallel group its source (a holder of K) and the ranks it sends to; ``refusal`` says why not."""
+
+    step: int
+    sources: dict[int, int]  # group index -> source rank
+    receivers: dict[int, tuple[int, ...]]
+    refusal: str = ""
+
+
+def plan(standings: Mapping[int, Standing], groups: list[list[int]]) -> Plan:
+    """The newest completed step among the survivors, and a holder of it in every group (lowest rank)."""
+    held = [standing.completed for standing in standings.values()]
+    step = max(held) if held else -1
+    if step < 0:
+        return Plan(step, {}, {}, "no survivor holds a completed step")
+    sources: dict[int, int] = {}
+    receivers: dict[int, tuple[int, ...]] = {}
+    for index, ranks in enumerate(groups):
+        holders = [rank for rank in ranks if rank in standings and standings[rank].completed == step]
+        if not holders:
+            return Plan(step, {}, {}, f"no surviving holder of step {step} for ranks {ranks}")
+        sources[index] = min(holders)
+        receivers[index] = tuple(rank for rank in ranks if rank not in holders)
+    return Plan(step, sources, receivers)

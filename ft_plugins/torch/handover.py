@@ -1,0 +1,121 @@
+"""What a replaced or lagging rank receives in ``recover``: the state a save at step K holds, from a peer.
+
+The holder builds it as Megatron's ``save_checkpoint`` at K would (``generate_state_dict``: model,
+optimizer, scheduler, RNG, arguments with the consumed samples at K, floating point operations),
+serializes it with ``torch.save`` into memory and sends it point to point inside the data-parallel
+group (size, then bytes); the receiver applies it as Megatron's ``load_checkpoint`` would. No file is
+written or read. :class:`Batches` keeps a step's batches so that a step run again reads the same data.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import random
+import sys
+from typing import Any, Iterator
+
+
+def _megatron(name: str) -> Any:
+    return sys.modules[f"megatron.{name}"]
+
+
+def state_at(model: Any, optimizer: Any, scheduler: Any, iteration: int, rng: Any, consumed: int,
+             flops: float) -> dict[str, Any]:
+    """What a save at ``iteration`` holds."""
+    megatron_args = _megatron("training.global_vars").get_args()
+    state_args = copy.copy(megatron_args)
+    state_args.consumed_train_samples = consumed
+    state = _megatron("training.checkpointing").generate_state_dict(
+        state_args, _megatron("training.utils").unwrap_model(model), optimizer, scheduler, rng, iteration=iteration)
+    state["num_floating_point_operations_so_far"] = flops
+    return state
+
+
+def send(state: dict[str, Any], receivers: tuple[int, ...], group: Any) -> int:
+    """Send ``state`` to each receiver (global ranks) over ``group``; returns the bytes sent to each."""
+    import torch
+    import torch.distributed as dist
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    payload = torch.frombuffer(bytearray(buffer.getbuffer()), dtype=torch.uint8)
+    size = torch.tensor([payload.numel()], dtype=torch.int64)
+    for receiver in receivers:
+        dist.send(size, receiver, group=group)
+        dist.send(payload, receiver, group=group)
+    return payload.numel()
+
+
+def receive(source: int, group: Any) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    size = torch.empty(1, dtype=torch.int64)
+    dist.recv(size, source, group=group)
+    payload = torch.empty(int(size.item()), dtype=torch.uint8)
+    dist.recv(payload, source, group=group)
+    return torch.load(io.BytesIO(payload.numpy().tobytes()), map_location="cpu", weights_only=False)
+
+
+def apply(state: dict[str, Any], model: Any, optimizer: Any, scheduler: Any) -> None:
+    """Load ``state`` into the live objects, as Megatron's ``load_checkpoint`` does."""
+    megatron_args = _megatron("training.global_vars").get_args()
+    chunks = _megatron("training.utils").unwrap_model(model)
+    for index, chunk in enumerate(chunks):
+        chunk.load_state_dict(state["model"] if len(chunks) == 1 else state[f"model{index}"], strict=False)
+    optimizer.load_state_dict(state["optimizer"])
+    if megatron_args.fp16 or megatron_args.bf16:
+        optimizer.reload_model_params()
+    scheduler.load_state_dict(state["opt_param_scheduler"])
+    set_rng(state["rng_state"])
+
+
+def set_rng(rng_state: Any) -> None:
+    """Megatron's ``get_rng_state`` list (this rank's entry first) put back into every generator."""
+    import numpy as np
+    import torch
+
+    tensor_parallel = _megatron("core.tensor_parallel")
+    rng = rng_state[0]
+    random.setstate(rng["random_rng_state"])
+    np.random.set_state(rng["np_rng_state"])
+    torch.set_rng_state(rng["torch_rng_state"])
+    torch.cuda.set_rng_state(rng["cuda_rng_state"])
+    tracker = tensor_parallel.get_cuda_rng_tracker()
+    graphable = tensor_parallel.is_graph_safe_cuda_rng_tracker(tracker)
+    tracker.set_states({name: tensor_parallel.convert_cuda_rng_state(value, to_graphable=graphable)
+                        for name, value in rng["rng_tracker_states"].items()})
+
+
+class Batches:
+    """The training data iterator, with the batches of the running step kept to be read again."""
+
+    def __init__(self, source: Iterator[Any]) -> None:
+        self.source = source
+        self.fetched: list[Any] = []
+        self.replay: list[Any] = []
+
+    def __iter__(self) -> "Batches":
+        return self
+
+    def __next__(self) -> Any:
+        item = self.replay.pop(0) if self.replay else next(self.source)
+        self.fetched.append(item)
+        return item
+
+    def begin_step(self) -> None:
+        self.fetched = []
+
+    def rewind(self) -> None:
+        """The step runs again: it reads what it read before."""
+        self.replay, self.fetched = self.fetched + self.replay, []
+
+    def finish(self, per_step: int) -> None:
+        """The step counts as done (a peer completed it): read past the rest of its batches."""
+        self.skip(per_step - len(self.fetched))
+        self.fetched = []
+
+    def skip(self, count: int) -> None:
+        for _ in range(count):
+            next(self.source)

@@ -1,0 +1,390 @@
+"""Megatron glue for ``recover``: the worker side of in-place recovery (launcher side: :mod:`ft_plugins.launch.recover`).
+
+A survivor catches the failure in ``train_step`` (a collective with the lost rank raises within
+milliseconds on gloo), lets go of the exception at once (a kept traceback keeps the dead group's
+pending collective and sockets open: the survivor beyond it would wait for the full timeout), holds
+(:mod:`.regroup`: groups destroyed with a time bound, the layout on the fake backend), publishes where
+it stands on the agent's store and waits, bounded, for the replacement the launcher announces. Then
+every rank rebuilds the groups exactly as Megatron built them, the newest completed step K is agreed
+(survivors can be one step apart), a holder of K sends each rank that lacks it the state a save at K
+holds (:mod:`.handover`), every rank stands at exactly K (gradients are zeroed as each step begins,
+the step's batches read again, RNG as at K) and training continues at K + 1.
+
+A replacement starts with ``--load`` ignored and its collectives held (the fake backend) until, at
+``train``, it has learnt K and the counters at K from the survivors' standings, skipped its data to
+K + 1's batch, and at its first step joins the repair. No checkpoint is written or read.
+
+When recovery cannot work (no replacement within the bound, a second fault during the repair, no
+surviving holder of a shard, a group only some object holds) the survivors fall back to ``ttp``'s
+dump, as without this feature, and say why in one line. Continuing with fewer data-parallel ranks
+when no replacement comes (elastic training) belongs in :meth:`MegatronRecovery._fall_back`.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import time
+import traceback
+from datetime import timedelta
+from typing import Any, Callable
+
+from ft_plugins import faults
+from ft_plugins.features.recover import Recover
+from ft_plugins.patching import Patch
+from ft_plugins.rank import global_rank, is_rank_zero
+from ft_plugins.recovery import Standing, key, namespace, plan, replacement, supervised
+from ft_plugins.steps import FORWARD, UPDATED
+from ft_plugins.torch.handover import Batches, apply, receive, send, set_rng, state_at
+from ft_plugins.torch.regroup import Regroup
+from ft_plugins.torch.state import current_iteration, megatron
+from ft_plugins.torch.ttp import MegatronTtp
+from ft_plugins.triggers import EXIT_ON_ERROR
+
+log = logging.getLogger("ft_plugins.recover")
+
+TRAINING = "megatron.training.training"
+POLL = 0.02  # seconds between looks at the store while waiting
+REPEAT, BEHIND = "repeat", "behind"  # after a repair: run the step again, or count it as done by a peer
+
+
+class Fallback(RuntimeError):
+    """Recovery cannot work; the message says why."""
+
+
+class MegatronRecovery:
+    """The wrappers (wrapt signature) and the recovery protocol of one worker."""
+
+    def __init__(self, feature: Recover, ttp: MegatronTtp) -> None:
+        self.feature = feature
+        self.tracker, self.writer, self.gasp = ttp.tracker, ttp.writer, ttp.gasp  # ttp's, shared
+        self.timeout = feature.settings["timeout"]
+        self.regroup = Regroup()
+        place = replacement(os.environ)
+        self.generation = place.generation if place else 0
+        self.joined = place is None
+        self.regroup.fake = place is not None  # a replacement holds its collectives until it joined
+        self.store: Any = None
+        self.objects: tuple[Any, Any, Any] | None = None  # model, optimizer, scheduler
+        self.batches: Batches | None = None
+        self.refusal = ""
+        self.result_size = 8  # train_step's tuple in megatron-core 0.17
+
+    def patches(self) -> tuple[Patch, ...]:
+        return (Patch("torch.distributed.distributed_c10d", "init_process_group", self.regroup.init_process_group),
+                Patch("torch.distributed.distributed_c10d", "new_group", self.regroup.new_group),
+                Patch("megatron.core.parallel_state", "initialize_model_parallel",
+                      self.regroup.initialize_model_parallel),
+                Patch(TRAINING, "setup_model_and_optimizer", self.setup_model_and_optimizer),
+                Patch(TRAINING, "train", self.train),
+                Patch(TRAINING, "train_step", self.train_step))
+
+    # -- hooks -------------------------------------------------------------------------------------
+    def setup_model_and_optimizer(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        """A replacement reads no checkpoint: its state comes from a peer."""
+        if self.joined:
+            return wrapped(*args, **kwargs)
+        megatron_args = megatron("training.global_vars").get_args()
+        load, pretrained = megatron_args.load, getattr(megatron_args, "pretrained_checkpoint", None)
+        if load or pretrained:
+            log.warning("recover: replacement of rank %s: --load ignored, the state comes from a peer",
+                        os.environ.get("RANK"))
+        megatron_args.load = megatron_args.pretrained_checkpoint = None
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            megatron_args.load, megatron_args.pretrained_checkpoint = load, pretrained
+
+    def train(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        if not supervised(os.environ):  # ttp alone handles a failure, as without this feature
+            _rank_zero("recover: no launcher replaces a lost worker here (launch with `ft-plugins run -- torchrun "
+                       "...`, recover in FT_PLUGINS); a failure is ttp's alone")
+            return wrapped(*args, **kwargs)
+        names = ("forward_step_func", "model", "optimizer", "opt_param_scheduler", "train_data_iterator")
+        given = {**dict(zip(names, args)), **kwargs}
+        self.refusal = self._unsupported(given["train_data_iterator"])
+        if self.refusal:
+            if not self.joined:
+                log.error("recover: replacement of rank %s cannot join: %s", os.environ.get("RANK"), self.refusal)
+                raise SystemExit(EXIT_ON_ERROR)
+            _rank_zero("recover: a lost rank cannot be replaced in this run: %s", self.refusal)
+            return wrapped(*args, **kwargs)
+        self.objects = (given["model"], given["optimizer"], given["opt_param_scheduler"])
+        iterator = given["train_data_iterator"]
+        if hasattr(iterator, "iterable"):  # megatron's RerunDataIterator: keep it, read through ours
+            self.batches = iterator.iterable = Batches(iterator.iterable)
+        else:
+            self.batches = Batches(iterator)
+            args, kwargs = _replaced(args, kwargs, 4, "train_data_iterator", self.batches)
+        if not self.joined:
+            self._enter()
+        return wrapped(*args, **kwargs)
+
+    def train_step(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        iteration = current_iteration(args, kwargs)
+        if self.batches is None and not self.refusal:  # train() was not seen: not a run this handles
+            return wrapped(*args, **kwargs)
+        if not self.joined:
+            self.tracker.mark_torn()  # nothing here is worth a dump until the state came
+            self._repair(iteration, None)
+        if self.batches is not None:
+            self.batches.begin_step()
+        while True:
+            result, reason = _attempt(wrapped, args, kwargs)
+            if reason is None:
+                self.result_size = len(result) if isinstance(result, tuple) else self.result_size
+                return result
+            if self._recover(iteration, reason) == BEHIND:
+                return ({}, 0, False, False, 0, None, None, 0, *([None] * 8))[:self.result_size]
+
+    # -- the protocol ------------------------------------------------------------------------------
+    def _recover(self, iteration: int, reason: str) -> str:
+        """A survivor's side: hold, wait for the replacement, repair. Falls back to the dump (no return)."""
+        import torch.distributed as dist
+
+        rank, world = dist.get_rank(), dist.get_world_size()
+        started = time.monotonic()
+        standing, snapshot = self._standing(iteration)
+        generation = self.generation + 1
+        log.warning("recover: rank %d caught %s in step %d (%d steps completed here); waiting for a replacement",
+                    rank, reason, iteration + 1, standing.completed)
+        try:
+            with self._quiet():
+                if self.refusal:
+                    raise Fallback(self.refusal)
+                store = self._store()
+                self._held(self.regroup.hold(rank, world, _holding_store(store), self._roots()))
+                self._await(generation, "lost", "the launcher's announcement of a replacement")
+                store.set(key(generation, f"state/{rank}"), standing.encode())
+                self._await(generation, "joined", "the replacement")
+            self.generation = generation
+            return self._repair(iteration, (standing, snapshot), started)
+        except Exception as exc:  # Fallback, or a second fault while repairing
+            self._fall_back(generation, f"{type(exc).__name__}: {exc}" if not isinstance(exc, Fallback) else str(exc))
+            raise  # not reached: the dump exits
+
+    def _repair(self, iteration: int, mine: tuple[Standing, Any] | None, started: float | None = None) -> str:
+        """Every rank of the generation: rebuild the groups, agree on K, hand over, stand at K."""
+        import torch.distributed as dist
+
+        generation, store = self.generation, self._store()
+        rank, world = global_rank(), int(os.environ["WORLD_SIZE"])
+        started = started or time.monotonic()
+        try:
+            with self._quiet():
+                if mine is None:
+                    _fire_join_faults(rank)
+                    store.set(key(generation, "joined"), str(rank))
+                from torch.distributed import PrefixStore
+
+                self._held(self.regroup.join(rank, world, PrefixStore(key(generation, "world/"), store), self._roots()))
+                self.joined = True
+                standings = self._standings(generation, world)
+                mpu = megatron("core.parallel_state")
+                members = dist.get_process_group_ranks(mpu.get_data_parallel_group(with_context_parallel=True))
+                firsts: list[int] = [0] * world
+                dist.all_gather_object(firsts, min(members))
+                groups = [[r for r in range(world) if firsts[r] == first] for first in sorted(set(firsts))]
+                decided = plan(standings, groups)
+                if decided.refusal:
+                    raise Fallback(decided.refusal)
+                outcome = self._hand_over(rank, decided, groups.index(members), mine, iteration)
+                store.add(key(generation, "done"), 1)
+        except Exception as exc:
+            self._fall_back(generation, str(exc) if isinstance(exc, Fallback) else f"{type(exc).__name__}: {exc}")
+            raise  # not reached
+        if rank == min(groups[0]) or mine is None:
+            self.feature.recoveries.append(f"generation {generation}: step {decided.step}")
+            log.warning("recover: rank %d %s generation %d in %.2f s: every rank stands at step %d, training "
+                        "continues at step %d", rank, "joined" if mine is None else "repaired", generation,
+                        time.monotonic() - started, decided.step, decided.step + 1)
+        return outcome
+
+    def _hand_over(self, rank: int, decided: Any, index: int, mine: tuple[Standing, Any] | None, iteration: int) -> str:
+        """Send or receive the state at K inside this data-parallel group; leave this rank at exactly K."""
+        mpu = megatron("core.parallel_state")
+        group = mpu.get_data_parallel_group_gloo(with_context_parallel=True) or mpu.get_data_parallel_group(
+            with_context_parallel=True)
+        model, optimizer, scheduler = self.objects
+        source, receivers = decided.sources[index], decided.receivers[index]
+        per_step = megatron("core.num_microbatches_calculator").get_num_microbatches()
+        if rank == source and receivers:
+            step, completed, rng, consumed = mine[1]
+            sent = send(state_at(model, optimizer, scheduler, completed, rng, consumed, mine[0].flops), receivers, group)
+            log.warning("recover: rank %d sent the state of step %d (%.1f MB) to rank%s %s", rank, completed,
+                        sent / 1e6, "" if len(receivers) == 1 else "s", ", ".join(map(str, receivers)))
+        if mine is None:  # the replacement: its counters were set at train; the step runs as usual
+            state = receive(source, group)
+            with self.tracker.holding():
+                apply(state, model, optimizer, scheduler)
+                self._align(FORWARD, state["rng_state"])
+            return REPEAT
+        outcome = REPEAT if decided.step == iteration else BEHIND if decided.step == iteration + 1 else ""
+        if not outcome:
+            raise Fallback(f"step {decided.step} is not within one step of this rank's {iteration}")
+        with self.tracker.holding():
+            if rank in receivers:
+                state = receive(source, group)
+                apply(state, model, optimizer, scheduler)
+                rng = state["rng_state"]
+            else:
+                rng = mine[1][2]
+                if outcome == REPEAT:
+                    set_rng(rng)
+            self._align(FORWARD if outcome == REPEAT else UPDATED, rng)
+        if outcome == REPEAT:
+            self.batches.rewind()
+            _rerun_anew()
+        else:
+            self.batches.finish(per_step)
+        return outcome
+
+    def _enter(self) -> None:
+        """The replacement, before ``train`` starts: K and the counters at K from the survivors' standings."""
+        megatron_args = megatron("training.global_vars").get_args()
+        world = int(os.environ["WORLD_SIZE"])
+        try:
+            self._await(self.generation, "lost", "the launcher's announcement")
+            standings = self._standings(self.generation, world)
+        except Fallback as exc:
+            log.error("recover: replacement of rank %s cannot join: %s", os.environ.get("RANK"), exc)
+            raise SystemExit(EXIT_ON_ERROR) from None
+        newest = max(standings.values(), key=lambda standing: standing.completed)
+        megatron_args.iteration = newest.completed
+        megatron_args.consumed_train_samples = newest.consumed
+        megatron_args.num_floating_point_operations_so_far = newest.flops
+        self.batches.skip(newest.completed * megatron("core.num_microbatches_calculator").get_num_microbatches())
+        log.warning("recover: replacement of rank %s (generation %d) starts at step %d, as the survivors",
+                    os.environ.get("RANK"), self.generation, newest.completed + 1)
+
+    def _fall_back(self, generation: int, reason: str) -> None:
+        """What happens today: ``ttp``'s dump of the last completed step, then exit (whole-job restart).
+        The place to continue with fewer data-parallel ranks instead (elastic training, next)."""
+        import torch.distributed as dist
+
+        log.error("recover: generation %d cannot recover: %s; falling back to ttp's dump", generation, reason)
+        try:
+            self._store().set(key(generation, "abandoned"), reason)
+            if not self.regroup.holding():
+                self.regroup.hold(dist.get_rank(), dist.get_world_size(), _holding_store(self._store()), self._roots())
+        except Exception as exc:
+            log.info("recover: groups not held before the dump: %s: %s", type(exc).__name__, exc)
+        self.gasp.fire(f"recover fell back ({reason})", EXIT_ON_ERROR)
+
+    # -- helpers -----------------------------------------------------------------------------------
+    def _standing(self, iteration: int) -> tuple[Standing, Any]:
+        """Where this survivor stands, from ttp's step tracker (the snapshot a dump at this moment would take)."""
+        with self.tracker.holding():
+            frozen = self.tracker.peek()
+            snapshot = None if frozen is None or frozen.torn else self.writer.snapshot(frozen)
+        megatron_args = megatron("training.global_vars").get_args()
+        if snapshot is None:
+            return Standing(-1, iteration, 0, 0.0), None
+        completed, consumed = snapshot[1], snapshot[3]
+        return Standing(completed, iteration, consumed, self.writer.flops(completed, megatron_args)), snapshot
+
+    def _roots(self) -> tuple[Any, ...]:
+        """What holds process groups: the model chunks (DDP, its buckets), the optimizer, the model config."""
+        model, optimizer, _ = self.objects
+        return model, optimizer, megatron("core.utils").get_model_config(model[0])
+
+    @staticmethod
+    def _held(stale: list[str]) -> None:
+        if stale:
+            raise Fallback(f"process groups without a successor still held: {', '.join(stale[:3])}")
+
+    def _align(self, phase: str, rng: Any) -> None:
+        """Called holding ttp's lock: its step tracker says what this rank now holds."""
+        _, _, scheduler = self.objects
+        step = self.tracker.payload
+        self.tracker.align(phase)
+        if step is not None:
+            step.rng, step.scheduler_steps = rng, getattr(scheduler, "num_steps", 0)
+
+    def _quiet(self) -> Any:
+        """The main thread changes no training state meanwhile (state is applied under ttp's lock), so a
+        dump (SIGTERM) may run; once one started, the main thread never goes on."""
+        return self.tracker.standing_still()
+
+    def _store(self) -> Any:
+        if self.store is None:
+            from torch.distributed import PrefixStore, TCPStore
+
+            if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+                raise Fallback("the workers' store is not torchrun's agent store (it would die with rank 0)")
+            client = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                              timeout=timedelta(seconds=self.timeout))
+            self.store = PrefixStore(namespace(os.environ.get("TORCHELASTIC_RUN_ID", "")), client)
+        return self.store
+
+    def _await(self, generation: int, name: str, what: str) -> bytes:
+        store, deadline = self._store(), time.monotonic() + self.timeout
+        while True:
+            if store.check([key(generation, "abandoned")]):
+                raise Fallback(store.get(key(generation, "abandoned")).decode())
+            if store.check([key(generation, name)]):
+                return store.get(key(generation, name))
+            if time.monotonic() > deadline:
+                raise Fallback(f"{what} did not come within {self.timeout:.0f} s")
+            time.sleep(POLL)
+
+    def _standings(self, generation: int, world: int) -> dict[int, Standing]:
+        """Every survivor's standing (all ranks but the one replaced), waiting for them within the bound."""
+        lost = int(self._await(generation, "lost", "the launcher's announcement"))
+        return {rank: Standing.decode(self._await(generation, f"state/{rank}", f"rank {rank}'s standing"))
+                for rank in range(world) if rank != lost}
+
+    def _unsupported(self, iterator: Any) -> str:
+        megatron_args = megatron("training.global_vars").get_args()
+        if isinstance(iterator, list) or megatron_args.pipeline_model_parallel_size > 1:
+            return "pipeline parallelism is not handled yet (ttp's dump still is)"
+        if megatron_args.use_distributed_optimizer:
+            return "megatron's distributed optimizer is not handled yet (ttp's dump still is)"
+        return ""
+
+
+def _holding_store(store: Any) -> Any:
+    from torch.distributed import PrefixStore
+
+    return PrefixStore("hold/", store)
+
+
+def _rank_zero(message: str, *values: Any) -> None:
+    if is_rank_zero():
+        log.warning(message, *values)
+
+
+def _rerun_anew() -> None:
+    """Megatron's rerun state machine saw the failed attempt begin: the step starts over for it too."""
+    rerun = megatron("core.rerun_state_machine")
+    machine = rerun.get_rerun_state_machine()
+    if machine.state != rerun.RerunState.NOT_RUNNING_YET:
+        machine.state = rerun.RerunState.NOT_RUNNING_YET
+        machine.current_iteration -= 1
+
+
+def _attempt(wrapped: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Any, str | None]:
+    """Run the step; on failure return only a description: the exception, its traceback and the frames'
+    pending work are released before anybody waits."""
+    try:
+        return wrapped(*args, **kwargs), None
+    except Exception as exc:
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+        traceback.clear_frames(exc.__traceback__)
+    gc.collect()
+    return None, reason
+
+
+def _replaced(args: tuple, kwargs: dict, index: int, name: str, value: Any) -> tuple[tuple, dict]:
+    if name in kwargs:
+        return args, {**kwargs, name: value}
+    return (*args[:index], value, *args[index + 1:]), kwargs
+
+
+def _fire_join_faults(rank: int) -> None:
+    """``at=join`` drills: a replacement that fails (or hangs) as it joins."""
+    for fault in faults.planned(rank):
+        if fault.at == "join":
+            log.warning("firing injected fault %s", fault)
+            faults.fire(fault)

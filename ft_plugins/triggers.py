@@ -1,0 +1,78 @@
+"""What fires a dying gasp, framework-neutral: SIGTERM (a watcher thread) or a fatal exception, then one
+save of the last completed step and the exit. :class:`DyingGasp` composes a :class:`~ft_plugins.steps.StepTracker`
+with any save function (Megatron's dump writer, a Hugging Face save); the MindIO engine drives the same
+tracker and writer through MindIO's handlers instead.
+
+SIGTERM: a watcher thread woken through ``signal.set_wakeup_fd`` (a Python handler alone runs only once a
+blocked gloo collective returns); the previous handler (e.g. Megatron's ``--exit-signal-handler``) still runs.
+After a save: flush, fsync, ``os._exit`` (exiting through the interpreter without tearing the process group
+down sometimes aborts).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import traceback
+from typing import Any, Callable
+
+from ft_plugins.logs import exit_now
+from ft_plugins.steps import AlreadyFrozen, Frozen, StepTracker
+
+log = logging.getLogger("ft_plugins.ttp")
+
+EXIT_ON_ERROR, EXIT_ON_SIGTERM = 1, 128 + signal.SIGTERM
+UPDATE_WAIT = 10.0  # seconds a save waits for a rank past its update to finish the step (or to fail)
+
+Save = Callable[[str, "Frozen | None"], None]  # (reason, the frozen step or None) -> writes, never raises
+
+
+class DyingGasp:
+    """One save of the last completed step, from whichever trigger fires first, then the exit."""
+
+    def __init__(self, tracker: StepTracker, save: Save, wait: float = UPDATE_WAIT) -> None:
+        self.tracker = tracker
+        self.save = save
+        self.wait = wait
+        self._watching = False
+
+    def fire(self, reason: str, code: int, error: BaseException | None = None) -> None:
+        """Freeze the tracker, save once (further callers wait for the first: the main thread parks), exit."""
+        try:
+            frozen = self.tracker.freeze(self.wait)
+        except AlreadyFrozen:
+            return
+        if error is not None:
+            log.error("ttp: %s", "".join(traceback.format_exception(type(error), error, error.__traceback__)))
+        self.save(reason, frozen)
+        exit_now(code)
+
+    def watch_sigterm(self) -> None:
+        """Once, from the main thread: SIGTERM fires the save, whatever the main thread is blocked in."""
+        if self._watching or threading.current_thread() is not threading.main_thread():
+            return
+        self._watching = True
+        watch_signal(signal.SIGTERM, lambda: self.fire("SIGTERM", EXIT_ON_SIGTERM), "ft_plugins-ttp-sigterm")
+
+
+def watch_signal(signum: int, act: Callable[[], None], name: str) -> None:
+    """Call ``act`` in a thread of its own when ``signum`` arrives; the previous handler still runs (late,
+    in the main thread). Call from the main thread."""
+    reader, writer = os.pipe()
+    os.set_blocking(writer, False)
+    previous = signal.getsignal(signum)
+
+    def chained(received: int, frame: Any) -> None:  # runs late in the main thread; the watcher acts
+        if callable(previous):
+            previous(received, frame)
+
+    def watch() -> None:
+        while True:
+            if signum in os.read(reader, 64):
+                act()
+
+    signal.signal(signum, chained)
+    signal.set_wakeup_fd(writer, warn_on_full_buffer=False)
+    threading.Thread(target=watch, name=name, daemon=True).start()

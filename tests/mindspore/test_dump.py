@@ -1,0 +1,133 @@
+"""``ttp``'s built-in engine on MindSpore in one process (real Model.train, CPU): which engine runs, what
+it refuses, and the dump when training raises. The dumps of real msrun jobs (a lost peer, SIGTERM) are
+in test_msrun.py."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture
+def no_tft(fakes: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    for name in ("MS_ENABLE_TFT", "FT_PLUGINS_TTP_ENGINE"):
+        monkeypatch.delenv(name, raising=False)
+    return fakes
+
+
+def _ttp_part(callback: Any) -> Any:
+    from ft_plugins.mindspore import TtpCallback
+
+    return next(part for part in callback.parts if isinstance(part, TtpCallback))
+
+
+def test_builtin_engine_runs_when_asked_for_by_name_only(no_tft: Any, monkeypatch: pytest.MonkeyPatch,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    from ft_plugins.mindspore import FaultTolerance
+
+    caplog.set_level(logging.INFO, logger="ft_plugins")
+    assert _ttp_part(FaultTolerance(features="ttp")).engine is not None
+    assert "engine builtin (MS_ENABLE_TFT does not switch MindIO TTP on)" in caplog.text
+    assert FaultTolerance(features="auto").runtime.feature("ttp") is None
+    assert "or ask for the built-in engine by name (FT_PLUGINS=ttp,resume)" in caplog.text
+    monkeypatch.setenv("FT_PLUGINS_TTP_ENGINE", "mindio")
+    assert FaultTolerance(features="ttp").runtime.feature("ttp") is None
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ({"parallel_mode": "semi_auto_parallel"}, "parallel mode semi_auto_parallel: ranks hold different shards"),
+    ({"parallel_mode": "data_parallel", "enable_parallel_optimizer": True}, "the parallel optimizer shards"),
+    ("sink", "sink_size=4: the host sees a step end only every sink of steps"),
+])
+def test_layouts_without_a_replica_of_every_rank_are_refused(no_tft: Any, tiny: Any, setting: Any, message: str,
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """The engine writes every rank's file from one replica: refused before the first step, training goes on."""
+    from mindspore import context
+    from mindspore.train import RunContext
+    from mindspore.train.callback import _InternalCallbackParam
+
+    from ft_plugins.mindspore import FaultTolerance
+    from ft_plugins.runtime import FeatureUnavailable
+
+    if setting != "sink":
+        real = context.get_auto_parallel_context
+        monkeypatch.setattr(context, "get_auto_parallel_context", lambda key: setting.get(key, real(key)))
+    params = _InternalCallbackParam()
+    params.update(dataset_sink_mode=setting == "sink", sink_size=4, list_callback=[])
+    caplog.set_level(logging.INFO, logger="ft_plugins")
+    callback = FaultTolerance(features="ttp")
+    callback.on_train_begin(RunContext(params))
+    assert callback.runtime.feature("ttp") is None and message in caplog.text
+    with pytest.raises(FeatureUnavailable, match=message.split(":")[0]):
+        FaultTolerance(features="ttp", strict=True).on_train_begin(RunContext(params))
+
+
+class Raise:
+    """A callback that raises after a step ended, as a failing step would."""
+
+    def __init__(self, step: int) -> None:
+        from mindspore.train import Callback
+
+        self.step = step
+        self.callback = type("RaiseAt", (Callback,), {"on_train_step_end": self._step_end})()
+
+    def _step_end(self, run_context: Any) -> None:
+        if run_context.original_args().cur_step_num == self.step:
+            raise RuntimeError(f"step {self.step} failed")
+
+
+def test_training_that_raises_writes_the_last_completed_step(no_tft: Any, tiny: Any, tmp_path: Path) -> None:
+    """Step 6 raises after its end: step 6, the last completed, is written and committed as a save of it,
+    every parameter equal to a regular save of step 6; resume takes it."""
+    from mindspore import load_checkpoint
+    from mindspore.train import CheckpointConfig, ModelCheckpoint
+
+    from ft_plugins.checkpoint import find_latest
+    from ft_plugins.mindspore import FaultTolerance
+
+    regular = tmp_path / "regular"
+    tiny.model().train(2, tiny.dataset(), callbacks=[ModelCheckpoint("tiny", str(regular),
+                                                                     CheckpointConfig(save_checkpoint_steps=1))])
+    dumped = tmp_path / "dumped"
+    callback = FaultTolerance(features="ttp,resume")
+    with pytest.raises(RuntimeError, match="step 6 failed"):
+        tiny.model().train(2, tiny.dataset(), callbacks=[callback, tiny.checkpointing(dumped), Raise(6).callback])
+    assert callback.runtime.report()["ttp"]["activity"] == f"dying-gasp checkpoints written: {dumped / 'tiny-2_2.ckpt'}"
+    assert find_latest(dumped).path == str(dumped / "tiny-2_2.ckpt")
+    ours, theirs = load_checkpoint(str(dumped / "tiny-2_2.ckpt")), load_checkpoint(str(regular / "tiny-2_2.ckpt"))
+    assert sorted(ours) == sorted(theirs)
+    for name in ours:
+        np.testing.assert_array_equal(ours[name].asnumpy(), theirs[name].asnumpy())
+
+
+class Stall:
+    """A callback whose step ``step`` begins by sleeping ``seconds``: a step stuck as behind a lost peer."""
+
+    def __init__(self, step: int, seconds: float) -> None:
+        from mindspore.train import Callback
+
+        def step_begin(_self: Any, run_context: Any) -> None:
+            if run_context.original_args().cur_step_num == step:
+                time.sleep(seconds)
+
+        self.callback = type("StallAt", (Callback,), {"on_train_step_begin": step_begin})()
+
+
+def test_a_stalled_step_writes_the_last_completed_one_once(no_tft: Any, tiny: Any, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rule for a peer lost on another node: the step has run for over STALL_STEPS medians (floor lowered
+    here from 3 s); step 6 stalls, step 5 is written once, and training goes on."""
+    from ft_plugins.checkpoint import find_latest
+    from ft_plugins.mindspore import FaultTolerance, dump
+
+    monkeypatch.setattr(dump, "STALL_FLOOR", 0.3)
+    callback = FaultTolerance(features="ttp,resume")
+    tiny.model().train(2, tiny.dataset(), callbacks=[callback, tiny.checkpointing(tmp_path), Stall(6, 1.5).callback])
+    assert callback.runtime.report()["ttp"]["activity"] == f"dying-gasp checkpoints written: {tmp_path / 'tiny-2_1.ckpt'}"
+    assert find_latest(tmp_path).path == str(tmp_path / "tiny-2_4.ckpt")  # the later regular saves came after it

@@ -1,0 +1,107 @@
+"""In-place recovery (``recover``) on real 4-rank torchrun runs of Megatron's ``pretrain()`` (CPU, gloo, DP=4),
+launched as ``ft-plugins run -- torchrun ...``, each against the uninterrupted run.
+
+One run carries two faults in sequence (rank 1 killed in forward after 2 completed steps, then rank 3
+after 4): each time torchrun's agent starts exactly one new process, the survivors keep theirs, and the
+job ends with exit 0 and a final save bit for bit the uninterrupted run's (RNG included), with no
+checkpoint written or read on the way. A replacement that never joins: the survivors wait for the bound,
+then ``ttp``'s dump of the last completed step is committed, each survivor saying why. Without
+ft_plugins the same fault ends the job.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from support import MEGATRON_EXAMPLE, REPO, TORCHRUN, free_port
+from ttp_runs import ITERS, Job, Launch, committed_dump, same_as_reference
+
+DP4 = Launch(4, ("--micro-batch-size", "1", "--global-batch-size", "4"))
+FAR = ("--save-interval", "100")
+RECOVER = {"FT_PLUGINS": "ttp,recover"}
+FIRST, SECOND = 2, 4  # the faults fire in the steps after 2 and after 4 completed steps
+TWO_FAULTS = f"rank=1,step={FIRST},kind=kill;rank=3,step={SECOND},kind=kill"
+STARTED = "INFO recover enabled"  # every worker process says it once as it starts
+
+
+def _run(workdir: Path, *args: str, **env: str) -> Job:
+    """``ft-plugins run -- torchrun --nproc-per-node 4 ...`` on the Megatron example."""
+    save = workdir / "ckpt"
+    command = [sys.executable, "-m", "ft_plugins.cli", "run", "--", TORCHRUN, "--nproc-per-node", "4",
+               "--master-port", str(free_port()), str(MEGATRON_EXAMPLE), *DP4.args, "--train-iters", str(ITERS),
+               "--save", str(save), *FAR, *args]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "FT_FAKE", "TORCHELASTIC"))}
+    clean["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), clean.get("PYTHONPATH", "")]))
+    result = subprocess.run(command, cwd=workdir, env={**clean, **env}, capture_output=True, text=True, timeout=400)
+    return Job(result.returncode, result.stdout + result.stderr, save)
+
+
+def _starts(job: Job, rank: int) -> int:
+    return len(job.lines(f"[ft_plugins rank {rank}] {STARTED}"))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    """Uninterrupted, without ft_plugins, saving every step."""
+    return DP4.reference(tmp_path_factory.mktemp("recover_reference"))
+
+
+@pytest.fixture(scope="module")
+def recovered(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    return _run(tmp_path_factory.mktemp("recovered"), **RECOVER, FT_PLUGINS_INJECT_FAULT=TWO_FAULTS)
+
+
+def test_two_ranks_lost_in_turn_the_job_ends_with_exit_0_and_the_uninterrupted_runs_weights(
+        recovered: Job, reference: Job) -> None:
+    assert recovered.returncode == 0, recovered.output[-5000:]
+    assert len(recovered.lines("firing injected fault")) == 2
+    assert recovered.tracker() == str(ITERS)
+    assert same_as_reference(recovered, reference, ITERS) == []  # model, optimizer, scheduler, RNG, counters
+
+
+def test_only_the_lost_worker_is_restarted_the_survivors_keep_their_processes(recovered: Job) -> None:
+    # rank 0's count includes the torchrun launcher's own start-up line
+    assert [_starts(recovered, rank) for rank in range(4)] == [2, 2, 1, 2]
+    assert len(recovered.lines("replacement pid")) == 2, "exactly one new process per fault"
+    assert recovered.lines("rank 1 exited with code -9; replacement pid")
+    assert recovered.lines("started as generation 2")
+    assert not recovered.lines("closing signal"), "torchrun never signalled a worker"
+    assert recovered.lines("rank 1 joined generation 1") and recovered.lines("rank 3 joined generation 2")
+    assert recovered.lines(f"every rank stands at step {FIRST}, training continues at step {FIRST + 1}")
+    assert recovered.lines(f"every rank stands at step {SECOND}, training continues at step {SECOND + 1}")
+
+
+def test_no_checkpoint_written_or_read_on_the_way(recovered: Job) -> None:
+    assert not recovered.lines("loading checkpoint"), "the replacements read nothing from disk"
+    assert sorted(path.name for path in recovered.save.iterdir()) == ["iter_0000006", "latest_checkpointed_iteration.txt"]
+    assert not recovered.lines("dumped"), "no dying-gasp dump"
+
+
+def test_every_step_trained_once(recovered: Job) -> None:
+    assert [len(recovered.lines(f"iteration        {i}/       {ITERS}")) for i in range(1, ITERS + 1)] == [1] * ITERS
+
+
+def test_a_replacement_that_never_joins_bounded_wait_then_the_dump_is_committed(
+        tmp_path_factory: pytest.TempPathFactory, reference: Job) -> None:
+    job = _run(tmp_path_factory.mktemp("never_joins"), **RECOVER,
+               FT_PLUGINS_RECOVER_TIMEOUT="15",
+               FT_PLUGINS_INJECT_FAULT=f"rank=1,step={FIRST},kind=kill;rank=1,step=0,kind=hang,at=join,life=1")
+    committed_dump(job, FIRST)
+    for survivor in (0, 2, 3):
+        assert job.lines(f"[ft_plugins.recover rank {survivor}] ERROR recover: generation 1 cannot recover: "
+                         "the replacement did not come within 15 s; falling back to ttp's dump"), job.output[-4000:]
+    assert job.lines("is not replaced: a second fault during recovery")
+    assert same_as_reference(job, reference, FIRST) == []  # what a save at that step holds
+
+
+def test_negative_control_without_ft_plugins_the_same_fault_ends_the_job(tmp_path_factory: pytest.TempPathFactory) -> None:
+    job = _run(tmp_path_factory.mktemp("recover_control"), FT_PLUGINS="none",
+               FT_PLUGINS_INJECT_FAULT=f"rank=1,step={FIRST},kind=kill")
+    assert job.returncode != 0
+    assert job.tracker() is None, "nothing saved: every completed step lost"
+    assert job.lines("closing signal SIGTERM"), "torchrun stopped every worker"
