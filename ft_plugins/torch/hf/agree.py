@@ -20,11 +20,6 @@ def distributed() -> Any:
     return dist
 
 
-def rank() -> int:
-    dist = distributed()
-    return int(dist.get_rank()) if dist is not None else 0
-
-
 def agree(topic: str, decide: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """Rank 0's ``decide()`` on every rank (a JSON-able dict); ``topic`` must name the same question on
     every rank. Only rank 0 calls ``decide``."""
@@ -48,13 +43,3 @@ def barrier() -> None:
     if dist is not None:
         dist.barrier()
 
-
-def claim(key: str) -> bool:
-    """Whether this rank is the one writer: the first ``store.add`` on torchrun's store (which outlives every
-    worker) wins. Without a reachable store every survivor writes (wasted work, never a wrong file)."""
-    try:
-        from torch.distributed.distributed_c10d import _get_default_store
-
-        return int(_get_default_store().add(key, 1)) == 1
-    except Exception:
-        return True

@@ -23,11 +23,13 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ft_plugins.checkpoint import commit as commit_checkpoint
+from ft_plugins.faults import RESTART_VAR
 from ft_plugins.features.ttp import Ttp
 from ft_plugins.patching import Patch
 from ft_plugins.steps import FORWARD, IDLE, Frozen, StepTracker
-from ft_plugins.torch.hf.agree import claim, rank
+from ft_plugins.rank import global_rank
 from ft_plugins.torch.hf.resume import committed
+from ft_plugins.torch.store import claim
 from ft_plugins.triggers import EXIT_ON_ERROR, DyingGasp
 
 log = logging.getLogger("ft_plugins.ttp")
@@ -138,7 +140,7 @@ class TrainerDump:
         if committed(final):
             log.warning("ttp: %s: checkpoint-%d is saved already; nothing to dump", reason, step)
             return
-        if not claim(f"ft_plugins/hf/ttp/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{step}"):
+        if not claim(f"ft_plugins/hf/ttp/{os.environ.get(RESTART_VAR, '0')}/{step}"):
             log.info("ttp: %s: another survivor writes checkpoint-%d", reason, step)
             return
         staging = os.path.join(run_dir, f"tmp-checkpoint-{step}")
@@ -149,7 +151,7 @@ class TrainerDump:
             shutil.rmtree(final)
         os.replace(staging, final)
         self.feature.saves.append(final)
-        log.warning("ttp: %s: rank %d dumped %s in %.0f ms; committed", reason, rank(), final,
+        log.warning("ttp: %s: rank %d dumped %s in %.0f ms; committed", reason, global_rank(), final,
                     (time.monotonic() - started) * 1000)
 
 
