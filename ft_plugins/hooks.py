@@ -95,10 +95,11 @@ def prepare_launcher(launcher: str) -> bool:
     restarts only a failed worker. Never raises."""
     taskd = _running(Taskd, "pt")
     prepared = taskd is not None and taskd.prepare_launcher(launcher)
-    if launcher == "torchrun" and _running(Recover, "pt") is not None:
+    recovering = _running(Recover, "pt")
+    if launcher == "torchrun" and recovering is not None:
         from ft_plugins.launch import recover
 
-        prepared = recover.install() or prepared
+        prepared = recover.install(recovering.settings["spares"]) or prepared
     return prepared
 
 

@@ -23,12 +23,21 @@ def _seconds(raw: str) -> float:
     return value
 
 
+def _count(raw: str) -> int:
+    value = int(raw)
+    if value < 0:
+        raise ValueError("expected a whole number >= 0")
+    return value
+
+
 class Recover(Feature):
     name = "recover"
     summary = "in-place recovery: a lost rank is replaced while the others keep running (falls back to ttp's dump)"
     options = (
         Option("timeout", DEFAULT_TIMEOUT, "seconds the survivors wait for a replacement to join before the dump",
                _seconds),
+        Option("spares", 0, "processes per node started ahead (interpreter, torch and megatron imported) that take "
+               "over a lost rank; 0: a fresh process is started", _count),
     )
 
     def start(self) -> str:

@@ -79,7 +79,9 @@ def supervise(command: Sequence[str], env: Mapping[str, str], grace: float = GRA
     previous = {sig: signal.signal(sig, lambda signum, _frame: received.append(signum)) for sig in STOPPING}
     try:
         try:
-            child = subprocess.Popen(list(command), env=dict(env))
+            # a session of its own: a terminal's Ctrl+C reaches this process only, not msrun's SIGINT
+            # handler, which would SIGKILL the workers before their dying gasp
+            child = subprocess.Popen(list(command), env=dict(env), start_new_session=True)
         except OSError as exc:
             print(f"ft-plugins run: cannot start {command[0]!r}: {exc.strerror}", file=sys.stderr)
             return 127

@@ -12,6 +12,7 @@ repair is done, or a generation was abandoned. Each of these is said in one line
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from datetime import timedelta
@@ -24,12 +25,56 @@ log = logging.getLogger("ft_plugins.recover")
 
 AGENT = "torch.distributed.elastic.agent.server.local_elastic_agent"
 STORE_TIMEOUT = timedelta(seconds=30)
+PLACE = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK")
+
+
+class Spares:
+    """``count`` warm spares (:mod:`ft_plugins.launch.spare`) kept started beside the local workers."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.waiting: list[Any] = []  # Popen objects, oldest first
+
+    def refill(self, context: Any) -> None:
+        import subprocess
+
+        while len(self.waiting) < self.count:
+            args = [arg for arg in context.args[0] if arg != "-u"]
+            self.waiting.append(subprocess.Popen([context.entrypoint, "-u", "-m", "ft_plugins.launch.spare", *args],
+                                                 env=_unplaced({**os.environ, **context.envs[0]}), stdin=subprocess.PIPE,
+                                                 stdout=subprocess.PIPE, text=True, start_new_session=True))
+
+    def take(self, env: dict[str, str], local_rank: int) -> Any:
+        """A ready spare made into the worker of ``env`` (a handler torchrun's context can hold), or None."""
+        import select
+
+        from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
+
+        for spare in list(self.waiting):
+            if spare.poll() is not None:
+                self.waiting.remove(spare)
+                continue
+            if not select.select([spare.stdout], [], [], 0)[0] or not spare.stdout.readline():
+                continue  # still importing
+            self.waiting.remove(spare)
+            spare.stdin.write(json.dumps(env) + "\n")
+            spare.stdin.flush()
+            handler = SubprocessHandler.__new__(SubprocessHandler)
+            handler.proc, handler._stdout, handler._stderr, handler.local_rank_id = spare, None, None, local_rank
+            return handler
+        return None
+
+    def stop(self) -> None:
+        for spare in self.waiting:
+            spare.kill()
+        self.waiting.clear()
 
 
 class Supervisor:
     """Replaces failed local workers in place, one generation at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, spares: int = 0) -> None:
+        self.spares = Spares(spares)
         self.store: Any = None
         self.generation = 0
         self.lives: dict[int, int] = {}  # local rank -> replacements so far
@@ -50,13 +95,17 @@ class Supervisor:
         context = getattr(agent, "_pcontext", None)
         handlers = getattr(context, "subprocess_handlers", None)
         if worker_group is not None and handlers and not self.refusal:
+            self.spares.refill(context)
             for local_rank in sorted(context._running_local_ranks):
                 code = handlers[local_rank].proc.poll()
                 if code not in (None, 0):
                     self._failed(worker_group, context, local_rank, code)
             for local_rank, pid in context.pids().items():  # the agent checks its workers' pids first
                 worker_group.workers[local_rank].id = pid
-        return wrapped(*args, **kwargs)
+        result = wrapped(*args, **kwargs)
+        if result.state.name != "HEALTHY" or self.refusal:
+            self.spares.stop()  # the job ends or restarts as a whole: nothing left to take over
+        return result
 
     def _failed(self, worker_group: Any, context: Any, local_rank: int, code: int) -> None:
         rank = worker_group.workers[local_rank].global_rank
@@ -75,11 +124,14 @@ class Supervisor:
             lost.close()  # its process group: what the lost worker left behind (e.g. data loader workers)
         except ProcessLookupError:
             pass
-        handler = self._start(context, local_rank, replacement_value(self.generation, life))
+        env = {**context.envs[local_rank], RECOVERY_VAR: replacement_value(self.generation, life)}
+        handler = self.spares.take(env, local_rank)
+        how = "warm spare pid %d took over" if handler is not None else "replacement pid %d started"
+        handler = handler or self._start(context, local_rank, env)
         context.subprocess_handlers[local_rank] = handler
         self.store.set(key(self.generation, "lost"), str(rank))
-        log.warning("recover: rank %d exited with code %d; replacement pid %d started as generation %d, the other "
-                    "workers keep running", rank, code, handler.proc.pid, self.generation)
+        log.warning("recover: rank %d exited with code %d; " + how + " as generation %d, the other workers keep "
+                    "running", rank, code, handler.proc.pid, self.generation)
 
     def _why_not(self, worker_group: Any) -> str:
         """Why this failure cannot be recovered in place ("" when it can)."""
@@ -107,24 +159,29 @@ class Supervisor:
         self.store = PrefixStore(namespace(worker_group.spec.rdzv_handler.get_run_id()), client)
 
     @staticmethod
-    def _start(context: Any, local_rank: int, place: str) -> Any:
+    def _start(context: Any, local_rank: int, env: dict[str, str]) -> Any:
         """A new worker process exactly as torchrun started the lost one, plus its place in the recovery."""
         from torch.distributed.elastic.multiprocessing.subprocess_handler import get_subprocess_handler
 
-        env = {**context.envs[local_rank], RECOVERY_VAR: place}
         return get_subprocess_handler(entrypoint=context.entrypoint, args=context.args[local_rank], env=env,
                                       stdout=context.stdouts[local_rank], stderr=context.stderrs[local_rank],
                                       local_rank_id=local_rank, numa_options=getattr(context, "_numa_options", None))
 
 
-def install() -> bool:
+def _unplaced(env: dict[str, str]) -> dict[str, str]:
+    """A worker's environment without its place: a spare is nobody's until it takes over."""
+    return {name: value for name, value in env.items() if name not in PLACE}
+
+
+def install(spares: int) -> bool:
     """Called in the torchrun launcher when ``recover`` is on; never raises (torchrun then runs as usual)."""
     try:
-        Supervisor().install()
+        Supervisor(spares).install()
         os.environ[RECOVERY_VAR] = replacement_value(0, 0)  # every worker started knows a launcher replaces it
     except Exception as exc:
         log.warning("recover: torchrun's agent not adapted (%s: %s); a lost rank restarts the whole job",
                     type(exc).__name__, exc)
         return False
-    log.info("recover: torchrun's agent restarts only a failed worker (pid %d)", os.getpid())
+    log.info("recover: torchrun's agent restarts only a failed worker%s", f", {spares} warm spare"
+             f"{'s' if spares > 1 else ''} kept started" if spares else "")
     return True

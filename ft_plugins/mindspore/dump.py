@@ -39,8 +39,10 @@ from ft_plugins.features.resume import Resume
 from ft_plugins.features.ttp import Ttp
 from ft_plugins.logs import exit_now
 from ft_plugins.mindspore.base import checkpoint_callback, global_rank, save_root
+from ft_plugins.rank import is_rank_zero
 from ft_plugins.processes import alive, all_pids, status
 from ft_plugins.runtime import Runtime
+from ft_plugins.triggers import EXIT_ON_SIGTERM, watch_signal
 
 log = logging.getLogger("ft_plugins.ttp")
 
@@ -48,7 +50,6 @@ POLL = 0.02
 STALL_STEPS = 10
 STALL_FLOOR = 3.0
 SETTLE_FLOOR = 0.2
-EXIT_ON_SIGTERM = 128 + signal.SIGTERM
 
 
 class Snapshot(NamedTuple):
@@ -61,7 +62,7 @@ class Snapshot(NamedTuple):
 
 
 class Target(NamedTuple):
-    """Where the dump goes: the save root, this rank's directory's name pattern, the prefix, the ranks."""
+    """Where the dump goes and how its files are named: as the run's ModelCheckpoint names its own."""
 
     directory: str  # this rank's directory
     per_rank: bool  # ``<root>/rank_N`` directories: every rank's file is written
@@ -81,7 +82,7 @@ class DumpEngine:
         self.step_started: float | None = None  # monotonic time the running step began; None between steps
         self.durations: deque[float] = deque(maxlen=20)
         self.peers: list[int] = []
-        self.written: set[tuple[int, int]] = set()  # (step, rank) files this process wrote or found written
+        self.written: set[tuple[int, int]] = set()  # (step, rank) of the files this process tried to write
         self.lock = threading.Lock()
         self.stopped = threading.Event()
         self.copy_seconds = 0.0
@@ -90,9 +91,11 @@ class DumpEngine:
     def begin(self, cb_params: Any) -> None:
         self.target = self._target(cb_params)
         self.peers = _local_peers()
-        self._watch_sigterm()
+        if threading.current_thread() is threading.main_thread():
+            # a thread woken by SIGTERM acts, whatever collective the main thread is blocked in
+            watch_signal(signal.SIGTERM, self._on_sigterm, "ft_plugins-ttp-sigterm")
         threading.Thread(target=self._watch, name="ft_plugins-ttp-watcher", daemon=True).start()
-        if global_rank() in (0, None):  # rank 0 speaks for a healthy job
+        if is_rank_zero():  # rank 0 speaks for a healthy job
             log.info("ttp: built-in engine: host copy at every step end, written to %s on a lost peer (%d workers "
                      "of this node watched), a stalled step or SIGTERM", self.target.directory, len(self.peers))
 
@@ -145,23 +148,9 @@ class DumpEngine:
         except Exception as exc:  # the watcher keeps watching (SIGTERM may still come)
             log.warning("ttp: %s, but the dying-gasp checkpoint failed: %s: %s", reason, type(exc).__name__, exc)
 
-    def _watch_sigterm(self) -> None:
-        """A watcher thread woken by SIGTERM through ``signal.set_wakeup_fd``: a Python handler alone would
-        run only once the main thread's collective returns."""
-        if threading.current_thread() is not threading.main_thread():
-            return
-        reader, writer = os.pipe()
-        os.set_blocking(writer, False)
-        signal.signal(signal.SIGTERM, lambda _signum, _frame: None)  # the watcher acts, then exits the process
-        signal.set_wakeup_fd(writer, warn_on_full_buffer=False)
-
-        def on_signal() -> None:
-            while signal.SIGTERM not in os.read(reader, 64):
-                pass
-            self.dump_safely("SIGTERM")
-            exit_now(EXIT_ON_SIGTERM)
-
-        threading.Thread(target=on_signal, name="ft_plugins-ttp-sigterm", daemon=True).start()
+    def _on_sigterm(self) -> None:
+        self.dump_safely("SIGTERM")
+        exit_now(EXIT_ON_SIGTERM)
 
     # -- the dump ---------------------------------------------------------------------------------
     def dump(self, reason: str) -> list[str]:

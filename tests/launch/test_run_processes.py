@@ -17,6 +17,7 @@ from launch_support import Vendors, ft_run, launch_env, read_jsonl
 from support import PYTHON, REPO
 
 from ft_plugins.launch import BOOTSTRAP_DIR, environment, roles
+from ft_plugins.processes import alive
 
 SPAWNING = """
 import json, multiprocessing, os, sys
@@ -310,3 +311,52 @@ def test_run_gives_taskd_the_master_address_and_the_manager_the_launchers_counts
     standalone = ft_run(["--dry-run", "--", "torchrun", "--standalone", "--max-restarts", "1", "train.py"], env, tmp_path)
     assert environment.TASKD_NEEDS_STATIC in standalone.stderr and "MASTER_PORT" not in standalone.stdout
     assert environment.FRESH_STORE_VAR not in standalone.stdout  # no c10d advice or set-up for TaskD's agent
+
+
+# msrun's process handling as in mindspore 2.7.2's process_entity/_api.py, reduced: the worker in a session of
+# its own, no SIGTERM handler, SIGINT SIGKILLs the worker's process group. The worker records its dying gasp.
+MSRUN_LIKE = """#!{python}
+import os, signal, subprocess, sys, time
+worker = subprocess.Popen([sys.executable, "-c", {worker!r}, sys.argv[1]], start_new_session=True)
+signal.signal(signal.SIGINT, lambda *_: (os.killpg(worker.pid, signal.SIGKILL), sys.exit(0)))
+sys.exit(worker.wait())
+"""
+WORKER = """
+import os, signal, sys, time
+from pathlib import Path
+signal.signal(signal.SIGTERM, lambda *_: (Path(sys.argv[1], "gasp").write_text("SIGTERM"), os._exit(143)))
+Path(sys.argv[1], f"worker_{os.getpid()}").write_text("")
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("under_ft_plugins", [True, False])
+def test_ctrl_c_gives_msruns_workers_their_dying_gasp(vendors: Vendors, tmp_path: Path, under_ft_plugins: bool) -> None:
+    """SIGINT to the process group of the command, as a terminal's Ctrl+C sends it: under ft-plugins run the
+    worker gets SIGTERM and its handler runs; msrun alone SIGKILLs it (the negative control)."""
+    launcher = tmp_path / "bin" / "msrun"
+    launcher.parent.mkdir()
+    launcher.write_text(MSRUN_LIKE.format(python=PYTHON, worker=WORKER))
+    launcher.chmod(0o755)
+    prefix = [PYTHON, "-m", "ft_plugins.cli", "run", "--grace", "10", "--"] if under_ft_plugins else []
+    process = subprocess.Popen([*prefix, str(launcher), str(tmp_path)], env=launch_env(vendors, tmp_path),
+                               cwd=tmp_path, start_new_session=True, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob("worker_*")):
+            assert time.monotonic() < deadline and process.poll() is None, "the worker did not start"
+            time.sleep(0.1)
+        os.killpg(process.pid, signal.SIGINT)
+        returncode = process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    worker = int(next(tmp_path.glob("worker_*")).name.split("_")[1])
+    deadline = time.monotonic() + 10
+    while alive(worker) and time.monotonic() < deadline:  # msrun alone: its SIGKILL is not waited for
+        time.sleep(0.1)
+    assert not alive(worker)
+    if under_ft_plugins:
+        assert returncode == 128 + signal.SIGINT and (tmp_path / "gasp").read_text() == "SIGTERM"
+    else:
+        assert returncode == 0 and not (tmp_path / "gasp").exists()

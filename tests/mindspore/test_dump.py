@@ -107,14 +107,15 @@ def test_training_that_raises_writes_the_last_completed_step(no_tft: Any, tiny: 
 
 
 class Stall:
-    """A callback whose step ``step`` begins by sleeping ``seconds``: a step stuck as behind a lost peer."""
+    """A callback whose step ``step`` begins stuck, as behind a lost peer, until ``until`` exists (60 s at most)."""
 
-    def __init__(self, step: int, seconds: float) -> None:
+    def __init__(self, step: int, until: Path) -> None:
         from mindspore.train import Callback
 
         def step_begin(_self: Any, run_context: Any) -> None:
-            if run_context.original_args().cur_step_num == step:
-                time.sleep(seconds)
+            deadline = time.monotonic() + 60
+            while run_context.original_args().cur_step_num == step and not until.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
 
         self.callback = type("StallAt", (Callback,), {"on_train_step_begin": step_begin})()
 
@@ -122,12 +123,13 @@ class Stall:
 def test_a_stalled_step_writes_the_last_completed_one_once(no_tft: Any, tiny: Any, tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The rule for a peer lost on another node: the step has run for over STALL_STEPS medians (floor lowered
-    here from 3 s); step 6 stalls, step 5 is written once, and training goes on."""
+    here from 3 s); step 6 stalls until step 5 is written, once, and training goes on."""
     from ft_plugins.checkpoint import find_latest
     from ft_plugins.mindspore import FaultTolerance, dump
 
     monkeypatch.setattr(dump, "STALL_FLOOR", 0.3)
+    written = tmp_path / "tiny-2_1.ckpt"
     callback = FaultTolerance(features="ttp,resume")
-    tiny.model().train(2, tiny.dataset(), callbacks=[callback, tiny.checkpointing(tmp_path), Stall(6, 1.5).callback])
-    assert callback.runtime.report()["ttp"]["activity"] == f"dying-gasp checkpoints written: {tmp_path / 'tiny-2_1.ckpt'}"
+    tiny.model().train(2, tiny.dataset(), callbacks=[callback, tiny.checkpointing(tmp_path), Stall(6, written).callback])
+    assert callback.runtime.report()["ttp"]["activity"] == f"dying-gasp checkpoints written: {written}"
     assert find_latest(tmp_path).path == str(tmp_path / "tiny-2_4.ckpt")  # the later regular saves came after it

@@ -135,8 +135,13 @@ def test_sigterm_to_the_launcher_ends_every_process_after_its_dying_gasp(preempt
     assert SLOW_AFTER <= last < STEPS
     epoch, step_in_epoch = (last - 1) // 8 + 1, (last - 1) % 8 + 1
     assert _latest_step(preempted.root) == (epoch, step_in_epoch)  # the last completed step, committed
-    assert any(f"SIGTERM: dying-gasp checkpoint of step {last} written" in preempted.log(rank) for rank in range(WORKERS))
-    preempted.last = last  # type: ignore[attr-defined]
+    # both workers wrote on SIGTERM at once: every file of that step has one writer (a claim each), none left over
+    marker = f"SIGTERM: dying-gasp checkpoint of step {last} written in "
+    written = [path for rank in range(WORKERS) for line in preempted.log(rank).splitlines() if marker in line
+               for path in line.rsplit(" s: ", 1)[-1].split(", ")]
+    assert sorted(Path(path).parent.name for path in written) == ["rank_0", "rank_1"]
+    for rank in range(WORKERS):
+        assert not [p.name for p in (preempted.root / f"rank_{rank}").iterdir() if p.name.startswith(".")]
 
 
 def test_the_second_relaunch_ends_bit_identical_to_the_uninterrupted_job(preempted: Job, finished: Job,

@@ -1,0 +1,98 @@
+"""What one lost rank costs on the real 4-rank Megatron example (CPU, gloo, DP=4): in place (``recover``)
+against ``ttp``'s dump and a whole-job restart, each as run time minus an uninterrupted run's, in one run.
+
+Three launches of ``examples/megatron_gpt/pretrain_gpt.py`` per round, all under ``ft-plugins run --
+torchrun --standalone`` with the same arguments and a SIGKILL of rank 1 as the step after ``--fault``
+completed steps begins:
+  clean     FT_PLUGINS=ttp,resume, no fault                      (the baseline)
+  in place  FT_PLUGINS=ttp,recover                               (a fresh replacement process joins)
+  spare     the same with FT_PLUGINS_RECOVER_SPARES=1             (a warm spare, torch and megatron imported,
+            takes over)
+  restart   FT_PLUGINS=ttp,resume, --max-restarts 1              (the survivors dump, torchrun restarts all
+            four workers, they resume from the dump through --load)
+Rounds alternate the four, so machine noise hits all alike. Prints each fault's cost (median over
+rounds) and the ratios in place / restart and spare / restart; and, from the in-place runs' own lines, the time from the
+fault to every rank standing at K again.
+
+    python benchmarks/bench_recover.py [--iters 12] [--fault 4] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "megatron_gpt" / "pretrain_gpt.py"
+TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+REPAIRED = re.compile(r"rank 0 repaired generation 1 in ([\d.]+) s")
+
+
+def _port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _run(workdir: Path, iters: int, restarts: bool, **env: str) -> tuple[float, str]:
+    save = workdir / "ckpt"
+    launcher = ["--standalone", "--max-restarts", "1"] if restarts else ["--master-port", str(_port())]
+    command = [sys.executable, "-m", "ft_plugins.cli", "run", "--", TORCHRUN, "--nproc-per-node", "4", *launcher,
+               str(EXAMPLE), "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", str(iters),
+               "--save", str(save), "--load", str(save), "--save-interval", str(10 * iters)]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "TORCHELASTIC"))}
+    clean["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), clean.get("PYTHONPATH", "")]))
+    if restarts:
+        clean["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # each attempt its own store (see README)
+    started = time.monotonic()
+    result = subprocess.run(command, cwd=workdir, env={**clean, **env}, capture_output=True, text=True)
+    elapsed = time.monotonic() - started
+    if result.returncode != 0:
+        raise SystemExit(f"a run failed ({env}):\n{(result.stdout + result.stderr)[-3000:]}")
+    return elapsed, result.stdout + result.stderr
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iters", type=int, default=12)
+    parser.add_argument("--fault", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3)
+    options = parser.parse_args()
+    fault = f"rank=1,step={options.fault},kind=kill"
+    times: dict[str, list[float]] = {"clean": [], "in place": [], "spare": [], "restart": []}
+    repaired: dict[str, list[float]] = {"in place": [], "spare": []}
+    for _ in range(options.rounds):
+        for name in times:
+            with tempfile.TemporaryDirectory() as tmp:
+                env = ({"FT_PLUGINS": "ttp,resume"} if name == "clean" else
+                       {"FT_PLUGINS": "ttp,resume", "FT_PLUGINS_INJECT_FAULT": fault} if name == "restart" else
+                       {"FT_PLUGINS": "ttp,recover", "FT_PLUGINS_INJECT_FAULT": fault,
+                        "FT_PLUGINS_RECOVER_SPARES": "1" if name == "spare" else "0"})
+                elapsed, output = _run(Path(tmp), options.iters, name == "restart", **env)
+            times[name].append(elapsed)
+            if name in repaired:
+                repaired[name] += [float(value) for value in REPAIRED.findall(output)]
+            print(f"{name:9s} {elapsed:6.1f} s", flush=True)
+    clean = statistics.median(times["clean"])
+    cost = {name: statistics.median(values) - clean for name, values in times.items() if name != "clean"}
+    print(f"\nuninterrupted run: {clean:.1f} s (median of {options.rounds})")
+    for name, value in cost.items():
+        print(f"a lost rank costs {value:6.1f} s {name}")
+    for name in ("in place", "spare"):
+        print(f"{name} / dump + whole restart: {cost[name] / cost['restart']:.2f}")
+    for name, values in repaired.items():
+        if values:
+            print(f"{name}: rank 0 caught the fault to every rank standing at K again: median "
+                  f"{statistics.median(values):.1f} s of {len(values)}")
+
+
+if __name__ == "__main__":
+    main()
