@@ -20,5 +20,5 @@ def claim(key: str) -> bool:
 
         return int(_get_default_store().add(key, 1)) == 1
     except Exception as exc:
-        log.info("ttp: writer claim unavailable (%s: %s); writing anyway", type(exc).__name__, exc)
+        log.debug("ttp: writer claim unavailable (%s: %s); writing anyway", type(exc).__name__, exc)
         return True

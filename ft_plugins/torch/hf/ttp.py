@@ -141,7 +141,7 @@ class TrainerDump:
             log.warning("ttp: %s: checkpoint-%d is saved already; nothing to dump", reason, step)
             return
         if not claim(f"ft_plugins/hf/ttp/{os.environ.get(RESTART_VAR, '0')}/{step}"):
-            log.info("ttp: %s: another survivor writes checkpoint-%d", reason, step)
+            log.debug("ttp: %s: another survivor writes checkpoint-%d", reason, step)
             return
         staging = os.path.join(run_dir, f"tmp-checkpoint-{step}")
         shutil.rmtree(staging, ignore_errors=True)
