@@ -1,17 +1,16 @@
 #!/usr/bin/env bash
 # Set up (if needed) and run the whole test suite (what CI runs).
-# `--fast`: the unit and single-process tests only (no multi-rank training run, no launcher job), for
-# working; a few minutes. Any further arguments go to pytest.
+# `--fast`: unit and single-process tests only (no multi-rank training run, no launcher job, none that
+# imports a whole framework tree), for working. Any further arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FAST=(
   tests/core tests/test_packaging.py
   tests/checkpoint/test_core.py tests/checkpoint/test_hostile.py tests/checkpoint/test_fuzz.py
-  tests/checkpoint/test_mindspore_hf.py
   tests/ttp/test_dump.py tests/ttp/test_engine_choice.py
   tests/torch_plugin/test_enable_disable.py
   tests/launch/test_k8s.py tests/launch/test_k8s_fuzz.py tests/launch/test_doctor.py tests/launch/test_manager_env.py
-  tests/patch/test_codemod.py tests/patch/test_patch_engine.py tests/patch/test_patch_layouts.py
+  tests/patch/test_codemod.py tests/patch/test_patch_engine.py
   tests/patch/test_patch_revert_safety.py
 )
 if [ "${1:-}" = "--fast" ]; then
