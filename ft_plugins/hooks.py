@@ -17,7 +17,7 @@ from ft_plugins.features.recover import Recover
 from ft_plugins.features.resume import Resume
 from ft_plugins.features.taskd import Taskd
 from ft_plugins.rank import global_rank
-from ft_plugins.runtime import F, Runtime, activate, current
+from ft_plugins.runtime import F, Runtime, activate, configuration_error, current, publish_features
 
 log = logging.getLogger("ft_plugins")
 
@@ -28,8 +28,8 @@ def _runtime(framework: str) -> Runtime | None:
         return runtime
     try:
         return activate(framework)
-    except ConfigError as exc:
-        log.error("%s; ft_plugins is off in this process", exc)
+    except ConfigError as exc:  # said once per process, however many hook calls ask again
+        configuration_error(exc)
         return None
 
 
@@ -93,13 +93,25 @@ def prepare_launcher(launcher: str) -> bool:
     """In the launcher process (``torchrun``), before its agent starts: the launcher side of the
     features, i.e. TaskD's elastic-agent patch for process recovery, and ``recover``'s agent that
     restarts only a failed worker. Never raises."""
-    taskd = _running(Taskd, "pt")
-    prepared = taskd is not None and taskd.prepare_launcher(launcher)
-    recovering = _running(Recover, "pt")
+    runtime = current("pt")
+    if runtime is None:
+        try:
+            runtime = activate("pt", announce=False)  # the workers say it; this process says one line
+        except ConfigError as exc:
+            configuration_error(exc)
+            return False
+    publish_features(runtime)  # a worker whose features differ from these says so
+    taskd = runtime.running(Taskd)
+    agent = taskd is not None and taskd.prepare_launcher(launcher)
+    prepared = agent
+    recovering = runtime.running(Recover)
     if launcher == "torchrun" and recovering is not None:
         from ft_plugins.launch import recover
 
         prepared = recover.install(recovering.settings["spares"]) or prepared
+    on = [name for name, status in runtime.statuses.items() if status.enabled]
+    log.info("%s launcher: workers start with %s%s", launcher, ", ".join(on) or "no feature on",
+             "; TaskD's agent patched for process recovery" if agent else "")
     return prepared
 
 

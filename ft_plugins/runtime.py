@@ -1,17 +1,25 @@
-"""Per-process activation: resolve the config, start each feature, log one line per feature.
+"""Per-process activation: resolve the config, start each feature, say once what is on and why.
 
 Framework adapters call :func:`activate` once and keep the returned :class:`Runtime`; it says
 which features are on (``runtime.feature("mstx")``) and why each of the others is off.
+
+Logs that scale with the job: rank 0 (or a single process) prints one summary line of every feature's
+status; the other ranks print it at DEBUG only, unless their status differs from the one their launcher
+published (``ft-plugins run`` exports it in ``FT_LAUNCHER_FEATURES``): then one line naming the rank and
+the difference. A process says each status once, however many times it activates (a second ``enable()``,
+several single-feature MindSpore callbacks). A configuration error is said once per process, with the rank.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Mapping, NamedTuple, Sequence, TypeVar
 
 from ft_plugins import config as config_module
 from ft_plugins import logs
 from ft_plugins.features import FEATURES, Feature, declared_options
+from ft_plugins.rank import env_rank
 from ft_plugins.vendors import VendorUnavailable
 
 log = logging.getLogger("ft_plugins")
@@ -23,10 +31,19 @@ class FeatureUnavailable(RuntimeError):
     """Strict mode: a requested feature could not start. Raised before training, never inside it."""
 
 
+LAUNCHER_FEATURES_VAR = "FT_LAUNCHER_FEATURES"  # "taskd=on,mstx=off,...": what the launcher found
+
+
 class FeatureStatus(NamedTuple):
     name: str
     enabled: bool
     reason: str
+    requested: bool = False  # asked for by name or ``all``
+
+    def describe(self) -> str:
+        if self.enabled:
+            return f"{self.name} enabled ({self.reason})"
+        return f"{self.name} {'requested but disabled' if self.requested else 'disabled'}: {self.reason}"
 
 
 class Runtime:
@@ -52,10 +69,12 @@ class Runtime:
         if feature is None:
             return
         feature.stop()
-        self.statuses[name] = FeatureStatus(name, False, reason)
+        self.statuses[name] = status = FeatureStatus(name, False, reason)
         if self.config.strict:
             raise FeatureUnavailable(f"{name}: {reason}")
-        log.warning("%s disabled: %s", name, reason)
+        if (self.framework, status) not in _said:  # every rank decides the same: rank 0 says it
+            _said.add((self.framework, status))
+            log.log(logging.WARNING if env_rank() in (0, None) else logging.DEBUG, "%s", status.describe())
 
     def stop(self) -> None:
         for feature in self.features.values():
@@ -90,8 +109,10 @@ def activate(
     features: str | Sequence[str] | None = None,
     options: Mapping[str, Mapping[str, Any]] | None = None,
     env: Mapping[str, str] | None = None,
+    announce: bool = True,
 ) -> Runtime:
-    """Start the configured features; raises ConfigError for bad config, FeatureUnavailable in strict mode."""
+    """Start the configured features and say what is on (``announce``: see the module's docstring); raises
+    ConfigError for bad config, FeatureUnavailable in strict mode."""
     cfg = config_module.load(declared_options(), env=env, select=features, overrides=options)
     logs.setup(cfg.log_level)
     runtime = Runtime(framework, cfg)
@@ -99,7 +120,7 @@ def activate(
         wanted = cfg.requested(name)
         if wanted is False:
             how = "FT_PLUGINS=none" if cfg.selection == "none" else "not in the selected features"
-            _record(runtime, FeatureStatus(name, False, f"switched off ({how})"))
+            runtime.statuses[name] = FeatureStatus(name, False, f"switched off ({how})")
             continue
         feature = feature_cls(framework, cfg.options[name])
         feature.requested = bool(wanted)
@@ -108,19 +129,66 @@ def activate(
         except VendorUnavailable as exc:
             if wanted and cfg.strict:
                 raise FeatureUnavailable(f"{name} was requested but is unavailable: {exc}") from None
-            _record(runtime, FeatureStatus(name, False, str(exc)), warn=bool(wanted))
+            runtime.statuses[name] = FeatureStatus(name, False, str(exc), bool(wanted))
             continue
         runtime.features[name] = feature
-        _record(runtime, FeatureStatus(name, True, found))
+        runtime.statuses[name] = FeatureStatus(name, True, found, bool(wanted))
     _current[framework] = runtime
+    if announce:
+        _announce(runtime)
     return runtime
 
 
-def _record(runtime: Runtime, status: FeatureStatus, warn: bool = False) -> None:
-    runtime.statuses[status.name] = status
-    if status.enabled:
-        log.info("%s enabled (%s)", status.name, status.reason)
-    elif warn:
-        log.warning("%s requested but disabled: %s", status.name, status.reason)
-    else:
-        log.info("%s disabled: %s", status.name, status.reason)
+_said: set[tuple[str, FeatureStatus]] = set()  # (framework, status) this process has logged
+
+
+def _announce(runtime: Runtime) -> None:
+    """One line for what this process has not said yet: the summary on rank 0, a difference elsewhere."""
+    new = [status for status in runtime.statuses.values() if (runtime.framework, status) not in _said]
+    if not new:
+        return
+    _said.update((runtime.framework, status) for status in new)
+    summary = "; ".join(status.describe() for status in new)
+    rank = env_rank()
+    if rank in (0, None):
+        warn = any(status.requested and not status.enabled for status in new)
+        log.log(logging.WARNING if warn else logging.INFO, "%s", summary)
+        return
+    launcher = launcher_features()
+    differ = [status for status in new if status.name in launcher and launcher[status.name] != status.enabled]
+    if differ:
+        log.warning("rank %d differs from its launcher: %s", rank, "; ".join(status.describe() for status in differ))
+    log.debug("%s", summary)
+
+
+def launcher_features(env: Mapping[str, str] | None = None) -> dict[str, bool]:
+    """What the launcher published (``{feature: on}``); empty when it published nothing readable."""
+    raw = (os.environ if env is None else env).get(LAUNCHER_FEATURES_VAR, "")
+    pairs = (item.partition("=") for item in raw.split(",") if "=" in item)
+    return {name.strip(): value.strip() == "on" for name, _, value in pairs}
+
+
+def publish_features(runtime: Runtime) -> str:
+    """Export this (launcher) process's feature statuses to the processes it starts; returns the value."""
+    value = ",".join(f"{name}={'on' if status.enabled else 'off'}" for name, status in runtime.statuses.items())
+    os.environ[LAUNCHER_FEATURES_VAR] = value
+    return value
+
+
+_config_errors: set[str] = set()
+
+
+def forget_what_was_said() -> None:
+    """Start the once-per-process log memory over, as a fresh process would (tests run many in one)."""
+    _said.clear()
+    _config_errors.clear()
+
+
+def configuration_error(error: config_module.ConfigError) -> None:
+    """Say a configuration error once per process, with the rank (every hook call would repeat it)."""
+    message = str(error)
+    if message in _config_errors:
+        return
+    _config_errors.add(message)
+    rank = env_rank()
+    log.error("rank %s: %s; ft_plugins is off in this process", "?" if rank is None else rank, message)

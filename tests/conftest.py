@@ -11,6 +11,14 @@ from support import vendor_modules_isolated
 pytest_plugins = ("skips_fail_in_ci",)
 
 
+@pytest.fixture(autouse=True)
+def fresh_log_memory():
+    """Each test starts as a fresh process: ft_plugins says each status and configuration error once per process."""
+    from ft_plugins.runtime import forget_what_was_said
+
+    forget_what_was_said()
+
+
 @pytest.fixture
 def isolated_vendor_modules():
     """Start without vendor modules (fakes or placeholders) and leave none behind for later tests."""

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 REPO = Path(__file__).resolve().parent.parent
 FAKES = REPO / "tests" / "fakes"
@@ -184,3 +185,11 @@ def pypi_file(project: str, version: str, sdist: bool = False) -> Path:
 
 def mindformers_wheel(version: str) -> Path:
     return pypi_file("mindformers", version)
+
+
+_STATUS_START = re.compile(r"; (?=[a-z]+ (?:enabled \(|disabled: |requested but disabled: ))")
+
+
+def statuses(messages: Iterable[str], feature: str) -> list[str]:
+    """The ``feature ...`` parts of ft_plugins' start-up summaries (one line, the features joined by "; ")."""
+    return [part for message in messages for part in _STATUS_START.split(message) if part.startswith(f"{feature} ")]

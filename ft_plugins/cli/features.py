@@ -22,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
     from ft_plugins.runtime import activate
 
     try:
-        runtime = activate(args.framework)
+        runtime = activate(args.framework, announce=False)  # the table below says it, once
     except ConfigError as exc:
         print(f"ft-plugins: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -13,11 +13,13 @@ before the first save.
 from __future__ import annotations
 
 import logging
+import os
 from typing import TYPE_CHECKING
 
 from ft_plugins.checkpoint.errors import CheckpointError, NoIntactCheckpoint
 from ft_plugins.config import Option, parse_bool
 from ft_plugins.features.base import Feature
+from ft_plugins.rank import is_rank_zero
 
 if TYPE_CHECKING:
     from ft_plugins.checkpoint.select import Selection
@@ -50,8 +52,9 @@ class Resume(Feature):
 
         selection = find_latest(directory, format, rank=rank, deep=self.settings["deep"])
         self.loaded = selection
+        level = logging.WARNING if is_rank_zero() else logging.DEBUG  # every rank sees the same: rank 0 says it
         for skipped in selection.skipped:
-            log.warning("resume: skipped %s: %s", skipped.path, skipped.reason)
+            log.log(level, "resume: skipped %s: %s", skipped.path, skipped.reason)
         if selection.path is not None:
             if selection.skipped:
                 log.warning("resume: using %s instead", selection.path)
@@ -59,8 +62,10 @@ class Resume(Feature):
                 log.info("resume: newest checkpoint %s is intact", selection.path)
         elif selection.skipped:
             if not self.settings["allow_scratch"]:
+                names = ", ".join(os.path.basename(skipped.path) for skipped in selection.skipped[:5])
+                more = f" and {len(selection.skipped) - 5} more" if len(selection.skipped) > 5 else ""
                 raise NoIntactCheckpoint(
-                    f"{directory} holds checkpoints but none is intact (see the skipped ones above); "
+                    f"{directory} holds checkpoints but none is intact (skipped {names}{more}: rank 0 logs why); "
                     "fix or remove them, or set FT_PLUGINS_RESUME_ALLOW_SCRATCH=1 to start from scratch",
                     [(skipped.path, skipped.reason) for skipped in selection.skipped])
             log.warning("resume: no intact checkpoint in %s; starting from scratch (allow_scratch is on)",

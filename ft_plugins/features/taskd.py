@@ -46,7 +46,7 @@ class Taskd(Feature):
             log.warning("taskd: torchrun agent patch not applied: %s", exc)
             return False
         fitted = f" (its launch_agent made to take {', '.join(adapted)} from this torch)" if adapted else ""
-        log.info("taskd: torchrun elastic agent patched for process recovery%s", fitted)
+        log.debug("taskd: torchrun elastic agent patched for process recovery%s", fitted)  # the launcher's line says it
         return True
 
     def activity(self) -> str:

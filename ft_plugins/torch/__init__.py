@@ -9,13 +9,10 @@ logged and the affected features stay off, unless ``FT_PLUGINS_STRICT=1``.
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Mapping, Sequence
 
 from ft_plugins.config import STRICT_VAR, ConfigError, parse_bool
-from ft_plugins.runtime import Runtime, activate
-
-log = logging.getLogger("ft_plugins.torch")
+from ft_plugins.runtime import Runtime, activate, configuration_error
 
 FRAMEWORK = "pt"
 
@@ -80,7 +77,7 @@ def _enable_from_environment() -> None:
     try:
         enable()
     except ConfigError as exc:
-        log.error("%s; ft_plugins is off in this process", exc)
+        configuration_error(exc)
         try:
             strict = parse_bool(os.environ.get(STRICT_VAR, "0"))
         except ValueError:

@@ -113,9 +113,9 @@ class MegatronDump:
         """Write this rank's part of the dump of the frozen step (and commit it); never raises."""
         started = time.monotonic()
         try:
-            if frozen is None or frozen.torn:
-                log.warning("ttp: %s: nothing to dump (%s)", reason,
-                            "no step began" if frozen is None else "this rank was caught inside an update")
+            if frozen is None or frozen.torn:  # a torn rank has a role in the fault: it says so
+                log.log(logging.DEBUG if frozen is None else logging.WARNING, "ttp: %s: nothing to dump (%s)",
+                        reason, "no step began" if frozen is None else "this rank was caught inside an update")
                 if frozen is not None and distributed_optimizer():
                     instance_state(frozen.payload.optimizer, -1)  # the instance's others learn it, write nothing
             else:
@@ -149,7 +149,7 @@ class MegatronDump:
             log.warning("ttp: %s: no --save directory and FT_PLUGINS_TTP_SAVE_DIR unset; nothing dumped", reason)
             return
         if iteration in self._saved or (tracker_iteration(save_dir) or -1) >= iteration:
-            log.warning("ttp: %s: iteration %d is saved already; nothing to dump", reason, iteration)
+            log.debug("ttp: %s: iteration %d is saved already; nothing to dump", reason, iteration)
             return
         rank = global_rank() or 0
         shard, shards = _shards(checkpointing, save_dir, iteration)
@@ -158,6 +158,7 @@ class MegatronDump:
             try:
                 optimizer_state = instance_state(step.optimizer, iteration)
             except Exception as exc:
+                # a would-be writer of its instance's part: it says why the part is missing
                 log.warning("ttp: %s: rank %d writes nothing: its optimizer instance cannot gather its state (%s: %s)",
                             reason, rank, type(exc).__name__, exc)
                 return
@@ -165,7 +166,7 @@ class MegatronDump:
                 return  # the instance's first rank writes
             writes[OPTIMIZER_FILENAME] = lambda path: torch.save(optimizer_state, path)
         if not _claim(f"ft_plugins/ttp/{os.environ.get(RESTART_VAR, '0')}/{iteration}/{shard}"):
-            log.warning("ttp: %s: another survivor writes %s of iteration %d", reason, shard, iteration)
+            log.debug("ttp: %s: another survivor writes %s of iteration %d", reason, shard, iteration)
             return
         state_args = copy.copy(parsed)
         state_args.consumed_train_samples = consumed
@@ -260,7 +261,7 @@ def _claim(key: str) -> bool:
 
         return _get_default_store().add(key, 1) == 1
     except Exception as exc:
-        log.info("ttp: writer claim unavailable (%s: %s); writing anyway", type(exc).__name__, exc)
+        log.debug("ttp: writer claim unavailable (%s: %s); writing anyway", type(exc).__name__, exc)
         return True
 
 

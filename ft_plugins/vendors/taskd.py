@@ -94,7 +94,8 @@ class TaskdWorker:
             log.warning("taskd: worker start on rank %d failed: %s: %s", rank, type(exc).__name__, exc)
             return False
         self.started_rank = rank
-        log.info("taskd: worker started (rank %d, framework %s, disk limit %d MB)",
+        log.log(logging.INFO if rank == 0 else logging.DEBUG,  # rank 0 speaks for a healthy job
+                "taskd: worker started (rank %d, framework %s, disk limit %d MB)",
                  rank, framework, self._disk_limit_mb)
         return True
 

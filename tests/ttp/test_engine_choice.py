@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from ft_plugins.runtime import activate
-from support import FAKES, old_mindio
+from support import FAKES, old_mindio, statuses
 
 MINDSPEED_LLM_SHAPED = FAKES.parent / "torch_plugin" / "fixtures"  # holds a package named mindspeed_llm
 
@@ -40,7 +40,7 @@ def test_asked_for_without_mindio_runs_the_builtin_engine(clean: pytest.MonkeyPa
     with caplog.at_level(logging.INFO, logger="ft_plugins"):
         enabled, reason, engine = _ttp({"FT_PLUGINS": selection})
     assert (enabled, engine) == (True, "builtin")
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ttp ")]
+    lines = statuses((r.getMessage() for r in caplog.records), "ttp")
     assert lines == ["ttp enabled (engine builtin (MindIO TTP is not installed): dump on a fatal error or SIGTERM)"]
 
 
@@ -65,7 +65,7 @@ def test_mindio_present_is_chosen_without_importing_it(clean: pytest.MonkeyPatch
         enabled, reason, engine = _ttp({"FT_PLUGINS": "ttp"})
     assert "mindio_ttp" not in sys.modules and "torch_npu" not in sys.modules  # never at import ft_plugins.torch
     assert (enabled, engine) == (True, "mindio")
-    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("ttp ")] == [
+    assert statuses((r.getMessage() for r in caplog.records), "ttp") == [
         "ttp enabled (engine mindio (mindio_ttp is installed): MindIO TTP controller 10.0.0.1:8000, TLS off)"]
 
 
@@ -115,7 +115,7 @@ def test_steps_aside_for_native_high_availability(clean: pytest.MonkeyPatch, set
         enabled, reason, _ = _ttp({"FT_PLUGINS": "ttp"})
     assert not enabled
     assert reason == f"{named} is on: its own dying-gasp wiring runs, ttp steps aside"
-    assert len([r for r in caplog.records if r.getMessage().startswith("ttp ")]) == 1
+    assert len(statuses((r.getMessage() for r in caplog.records), "ttp")) == 1
 
 
 def test_high_availability_without_mindspeed_llm_leaves_ttp_on_and_says_so(clean: pytest.MonkeyPatch) -> None:
