@@ -13,22 +13,14 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE = ROOT / "examples" / "megatron_gpt" / "pretrain_gpt.py"
-TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+from bench_recover import EXAMPLE, ROOT, TORCHRUN, free_port
+
 REPAIRED = re.compile(r"rank 0 repaired generation (\d+)")
-
-
-def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _rank_zero(marker: str) -> int | None:
@@ -68,7 +60,7 @@ def main() -> None:
     samples: list[tuple[int, int, int]] = []
     with tempfile.TemporaryDirectory() as tmp:
         command = [sys.executable, "-m", "ft_plugins.cli", "run", "--", TORCHRUN, "--nproc-per-node", "4",
-                   "--master-port", str(_port()), str(EXAMPLE), "--micro-batch-size", "1", "--global-batch-size", "4",
+                   "--master-port", str(free_port()), str(EXAMPLE), "--micro-batch-size", "1", "--global-batch-size", "4",
                    "--train-iters", str(steps), "--save", str(Path(tmp, "ckpt")), "--save-interval", str(10 * steps)]
         job = subprocess.Popen(command, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in job.stdout:
