@@ -22,7 +22,7 @@ from typing import Callable, Iterator, Mapping
 from packaging.version import InvalidVersion, Version
 
 from ft_plugins.launch import BOOTSTRAP_DIR, environment
-from ft_plugins.vendors import VendorUnavailable, cann, mindio, taskd
+from ft_plugins.vendors import VendorUnavailable, cann, mindio, taskd, versions
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 TASKD_SED_LINE = "import taskd.python.adaptor.patch"
@@ -37,14 +37,7 @@ class Check:
 
 
 # (distribution, minimum or None, why): present and at least the minimum; absent is fine
-FRAMEWORKS = (
-    ("mindspore", "2.7.0", "MindSpore jobs (TTP, link failover)"),
-    ("torch", "2.1", "PyTorch jobs"),
-    ("torch_npu", None, "PyTorch on Ascend"),
-    ("megatron-core", "0.8", "Megatron / MindSpeed-LLM hooks"),
-    ("mindformers", "1.3", "MindFormers callbacks"),
-    ("mindio_ttp", "7.1.RC1", "dying-gasp checkpoints and link failover"),
-)
+FRAMEWORKS = versions.FRAMEWORKS
 PLACEHOLDERS = {"taskd": "0.0.0.1", "mindcluster": None}
 
 

@@ -25,10 +25,12 @@ from ft_plugins.rank import global_rank
 from ft_plugins.runtime import Runtime
 from ft_plugins.torch.state import (CHECKPOINTING, INITIALIZE, MINDSPEED_LLM_TRAINING, OPTIMIZER, TRAINING, UPDATES,
                                      current_iteration, megatron_version)
+from ft_plugins.vendors import versions
 
 log = logging.getLogger("ft_plugins.torch")
 
-SUPPORTED = "megatron-core >= 0.8 with megatron.training, Megatron-LM core_r0.8+, MindSpeed-LLM 1.0+"
+SUPPORTED = (f"megatron-core >= {versions.MEGATRON_CORE} with megatron.training, "
+             f"Megatron-LM core_r{versions.MEGATRON_CORE}+, MindSpeed-LLM 1.0+")
 
 
 class MegatronIntegration:

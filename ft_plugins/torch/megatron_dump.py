@@ -30,6 +30,7 @@ from ft_plugins.features.ttp import Ttp
 from ft_plugins.rank import global_rank
 from ft_plugins.steps import FORWARD, UPDATED, Frozen
 from ft_plugins.torch.state import megatron, megatron_args
+from ft_plugins.torch.store import claim
 
 log = logging.getLogger("ft_plugins.ttp")
 
@@ -165,7 +166,7 @@ class MegatronDump:
             if optimizer_state is None:
                 return  # the instance's first rank writes
             writes[OPTIMIZER_FILENAME] = lambda path: torch.save(optimizer_state, path)
-        if not _claim(f"ft_plugins/ttp/{os.environ.get(RESTART_VAR, '0')}/{iteration}/{shard}"):
+        if not claim(f"ft_plugins/ttp/{os.environ.get(RESTART_VAR, '0')}/{iteration}/{shard}"):
             log.debug("ttp: %s: another survivor writes %s of iteration %d", reason, shard, iteration)
             return
         state_args = copy.copy(parsed)
@@ -251,17 +252,3 @@ def _shards(checkpointing: Any, save_dir: str, iteration: int) -> tuple[str, tup
                    for p in range(mpu.get_pipeline_model_parallel_world_size())
                    for e in range(mpu.get_expert_model_parallel_world_size()))
     return name(), shards
-
-
-def _claim(key: str) -> bool:
-    """Whether this rank writes the shard: the first ``store.add`` on torchrun's store wins. Without a
-    reachable store every survivor writes (each renames a whole file, so that is only wasted work)."""
-    try:
-        from torch.distributed.distributed_c10d import _get_default_store
-
-        return _get_default_store().add(key, 1) == 1
-    except Exception as exc:
-        log.debug("ttp: writer claim unavailable (%s: %s); writing anyway", type(exc).__name__, exc)
-        return True
-
-

@@ -1,4 +1,5 @@
-"""Vendor runtimes, one thin adapter each. Nothing here is imported until a feature needs it."""
+"""Vendor runtimes, one thin adapter each. The adapters are imported with the features; the vendor libraries
+they wrap only when a feature starts, or later (MindIO's wheel, which imports torch_npu, at distributed init)."""
 
 
 class VendorUnavailable(RuntimeError):

@@ -18,7 +18,7 @@ import re
 from types import ModuleType
 from typing import Any, Callable, Mapping, NamedTuple
 
-from ft_plugins.vendors import VendorUnavailable
+from ft_plugins.vendors import VendorUnavailable, versions
 
 FRAMEWORK_MODULE = "mindio_ttp.framework_ttp"
 TFT_VAR = "MS_ENABLE_TFT"
@@ -84,13 +84,14 @@ def load_framework_api() -> ModuleType:
     try:
         module = importlib.import_module(FRAMEWORK_MODULE)
     except ImportError as exc:
-        raise VendorUnavailable(f"the installed mindio_ttp has no {FRAMEWORK_MODULE} ({exc}); "
-                                "install the mindio_ttp wheel of MindCluster 6.0 or newer") from None
+        raise VendorUnavailable(f"the installed mindio_ttp has no {FRAMEWORK_MODULE} ({exc}); install the "
+                                f"mindio_ttp wheel of MindCluster {versions.MINDIO_TFT_API} or newer") from None
     missing = [name for name in _REQUIRED if not hasattr(module, name)]
     if missing and hasattr(module, "ttp_init_processor"):
         raise VendorUnavailable("the installed mindio_ttp has the old ttp_* API, which neither MindSpore nor "
                                 "ft_plugins drives; "
-                                "install the mindio_ttp wheel of MindCluster 6.0 or newer (tft_* API)")
+                                f"install the mindio_ttp wheel of MindCluster {versions.MINDIO_TFT_API} or newer "
+                                "(tft_* API)")
     if missing:
         raise VendorUnavailable(f"{FRAMEWORK_MODULE} lacks {', '.join(missing)}: unsupported MindIO version")
     return module

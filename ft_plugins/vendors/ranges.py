@@ -1,6 +1,6 @@
 """Profiler ranges behind one interface: torch_npu mstx, MindSpore mstx, CUDA nvtx, or nothing.
 
-``range_start(message, device=False) -> handle`` / ``range_end(handle)`` / ``mark(message)``.
+``range_start(message, device=False) -> handle`` / ``range_end(handle)``.
 ``device=True`` puts the range on the current device stream (what TaskD's slow-node diagnosis
 reads for ``step {n}``). A vendor error inside a range call is logged once and the backend goes
 quiet: profiling must never break a training step.
@@ -14,7 +14,7 @@ import inspect
 import logging
 from typing import Any, Callable, Protocol
 
-from ft_plugins.vendors import VendorUnavailable
+from ft_plugins.vendors import VendorUnavailable, versions
 
 log = logging.getLogger("ft_plugins.mstx")
 
@@ -29,8 +29,6 @@ class RangeBackend(Protocol):
 
     def range_end(self, handle: Any) -> None: ...
 
-    def mark(self, message: str) -> None: ...
-
 
 class NoopRanges:
     """Costs one Python call per range: what runs where no profiler exists."""
@@ -41,9 +39,6 @@ class NoopRanges:
         return None
 
     def range_end(self, handle: Any) -> None:
-        return None
-
-    def mark(self, message: str) -> None:
         return None
 
 
@@ -67,13 +62,11 @@ class MstxRanges:
         self._current_stream = current_stream
         self._start_domain = _accepts(mstx.range_start, "domain")
         self._end_domain = _accepts(mstx.range_end, "domain")
-        self._mark_domain = _accepts(mstx.mark, "domain")
         self._broken = False
 
     def _failed(self, call: str, exc: Exception) -> None:
         self._broken = True
-        log.warning("mstx: %s.%s failed (%s: %s); ranges are off for this process",
-                    self.name, call, type(exc).__name__, exc)
+        _went_quiet(self.name, call, exc)
 
     def range_start(self, message: str, device: bool = False) -> Any:
         if self._broken:
@@ -98,34 +91,39 @@ class MstxRanges:
         except Exception as exc:
             self._failed("range_end", exc)
 
-    def mark(self, message: str) -> None:
-        if self._broken:
-            return
-        try:
-            if self._mark_domain:
-                self._mstx.mark(message, None, domain=DOMAIN)
-            else:
-                self._mstx.mark(message, self._current_stream())
-        except Exception as exc:
-            self._failed("mark", exc)
-
 
 class NvtxRanges:
-    """CUDA nvtx: no streams, no domains."""
+    """CUDA nvtx: no streams, no domains; an error goes quiet as with mstx."""
 
     name = "nvtx"
 
     def __init__(self, nvtx: Any) -> None:
         self._nvtx = nvtx
+        self._broken = False
 
     def range_start(self, message: str, device: bool = False) -> Any:
-        return self._nvtx.range_start(message)
+        if self._broken:
+            return None
+        try:
+            return self._nvtx.range_start(message)
+        except Exception as exc:
+            self._broken = True
+            _went_quiet(self.name, "range_start", exc)
+            return None
 
     def range_end(self, handle: Any) -> None:
-        self._nvtx.range_end(handle)
+        if handle is None or self._broken:
+            return
+        try:
+            self._nvtx.range_end(handle)
+        except Exception as exc:
+            self._broken = True
+            _went_quiet(self.name, "range_end", exc)
 
-    def mark(self, message: str) -> None:
-        self._nvtx.mark(message)
+
+def _went_quiet(backend: str, call: str, exc: Exception) -> None:
+    """Said once per backend: its next calls return at once."""
+    log.warning("mstx: %s.%s failed (%s: %s); ranges are off for this process", backend, call, type(exc).__name__, exc)
 
 
 def _torch_npu() -> RangeBackend:
@@ -134,7 +132,7 @@ def _torch_npu() -> RangeBackend:
     npu = importlib.import_module("torch_npu").npu
     mstx = getattr(npu, "mstx", None)
     if mstx is None:
-        raise VendorUnavailable("this torch_npu has no npu.mstx (needs torch_npu 2.1 or newer)")
+        raise VendorUnavailable(f"this torch_npu has no npu.mstx (needs torch_npu {versions.TORCH_NPU_MSTX} or newer)")
     return MstxRanges("torch_npu", mstx, npu.current_stream)
 
 

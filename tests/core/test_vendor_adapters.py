@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 import types
 
@@ -53,17 +54,15 @@ def test_mstx_with_domain_puts_only_device_ranges_on_the_stream() -> None:
     host = ranges.range_start("dataloader")
     ranges.range_end(host)
     ranges.range_end(step)
-    ranges.mark("here")
     assert recorder.calls == [("start", "step 3", "S", "default"), ("start", "dataloader", None, "default"),
-                              ("end", 2, "default"), ("end", 1, "default"), ("mark", "here", None, "default")]
+                              ("end", 2, "default"), ("end", 1, "default")]
 
 
 def test_older_mstx_always_gets_the_stream_and_no_domain() -> None:
     recorder = Recorder()
     ranges = MstxRanges("torch_npu", _old_mstx(recorder), lambda: "S")
     ranges.range_end(ranges.range_start("dataloader"))
-    ranges.mark("m")
-    assert recorder.calls == [("start", "dataloader", "S"), ("end", 7), ("mark", "m", "S")]
+    assert recorder.calls == [("start", "dataloader", "S"), ("end", 7)]
 
 
 def test_a_failed_range_start_returns_no_handle_and_skips_the_end() -> None:
@@ -122,3 +121,30 @@ def test_worker_starts_once_and_checks_its_framework_tag() -> None:
     assert calls == [(5, 300, "ms"), "start"]
     with pytest.raises(ValueError, match="framework must be one of"):
         TaskdWorker(api, 300).start(0, "tf")
+
+
+def test_a_raising_nvtx_is_logged_once_and_goes_quiet(caplog: pytest.LogCaptureFixture) -> None:
+    from ft_plugins.vendors.ranges import NvtxRanges
+
+    calls = []
+
+    class Nvtx:
+        def range_start(self, message):
+            calls.append(message)
+            raise RuntimeError("no CUDA driver")
+
+        def range_end(self, handle):
+            calls.append(handle)
+
+    ranges = NvtxRanges(Nvtx())
+    with caplog.at_level(logging.WARNING, logger="ft_plugins"):
+        assert ranges.range_start("step 1") is None and ranges.range_start("step 2") is None
+    assert calls == ["step 1"] and caplog.text.count("ranges are off for this process") == 1
+
+
+def test_doctor_and_the_features_read_one_table_of_minimum_versions() -> None:
+    from ft_plugins.launch import doctor
+    from ft_plugins.vendors import versions
+
+    assert doctor.FRAMEWORKS is versions.FRAMEWORKS
+    assert dict((name, minimum) for name, minimum, _ in versions.FRAMEWORKS)["torch_npu"] == versions.TORCH_NPU_MSTX

@@ -1,6 +1,6 @@
 """Real Accelerate jobs in successive processes (automatic checkpoint naming, ``total_limit=1``): a job
 killed inside ``save_state`` keeps the previous checkpoint, and the next process loads it and saves;
-stock Accelerate deletes the previous checkpoint first and the next ``load_state()`` fails."""
+stock Accelerate deletes the previous checkpoint first and leaves an empty folder for the next ``load_state()``."""
 
 from __future__ import annotations
 
@@ -41,11 +41,11 @@ def test_a_job_killed_inside_save_state_keeps_its_previous_checkpoint(tmp_path: 
     stock, ft = tmp_path / "stock", tmp_path / "ft"
     for project in (stock, ft):
         shutil.copytree(first, project)
-    # stock: the new process counts from 0 again and prunes checkpoint_0 before writing the new one into it
+    # stock: the new process counts from 0 again and prunes checkpoint_0 before writing the new one into it;
+    # all that is left is that empty folder, which the next stock load_state() takes
     killed = _job(stock, "--load", ft=False, fault="rank=0,step=0,kind=kill,at=save")
-    assert killed.returncode != 0 and os.listdir(stock / "checkpoints" / "checkpoint_0") == []
-    failed = _job(stock, "--load", ft=False)
-    assert failed.returncode != 0 and "FileNotFoundError" in failed.stderr
+    assert killed.returncode != 0 and os.listdir(stock / "checkpoints") == ["checkpoint_0"]
+    assert os.listdir(stock / "checkpoints" / "checkpoint_0") == []
     # ft_plugins: the counter continues from disk (checkpoint_1); nothing pruned before the new save is committed
     killed = _job(ft, "--load", ft=True, fault="rank=0,step=1,kind=kill,at=save")
     assert killed.returncode != 0 and "firing injected fault" in killed.stderr, killed.stderr[-3000:]

@@ -2,8 +2,9 @@
 transformers / accelerate are imported (before or after ft_plugins).
 
 One module per feature, each one patch set over the framework-neutral core: :mod:`.mstx`,
-:mod:`.taskd`, :mod:`.resume` (Trainer) and :mod:`.accelerate` (Accelerator), and the
-fire drills of ``FT_PLUGINS_INJECT_FAULT`` (:mod:`.drill`). The Trainer's own events (step begin /
+:mod:`.taskd`, :mod:`.resume` (Trainer) and :mod:`.accelerate` (Accelerator), :mod:`.ttp`, and the
+fire drills of ``FT_PLUGINS_INJECT_FAULT`` (:mod:`.drill`); the faults drill is applied before ``ttp``,
+so ``ttp`` has seen the step (or the update) begin when a fault fires. The Trainer's own events (step begin /
 end) reach the features through :class:`FaultToleranceCallback`, which every Trainer gets once:
 added by the ``Trainer.__init__`` hook unless the user passed one already.
 """
@@ -18,6 +19,7 @@ from ft_plugins.config import INJECT_VAR
 from ft_plugins.features.mstx import Mstx
 from ft_plugins.features.resume import Resume
 from ft_plugins.features.taskd import Taskd
+from ft_plugins.features.ttp import Ttp
 from ft_plugins.patching import MissingSymbol, Patch, PatchSet
 from ft_plugins.runtime import Runtime
 from ft_plugins.torch.hf import events
@@ -61,6 +63,11 @@ class HFIntegration:
             from ft_plugins.torch.hf.drill import TrainerDrill
 
             self._add("faults", TrainerDrill())
+        ttp = runtime.running(Ttp)
+        if ttp is not None and getattr(ttp, "engine", None) == "builtin":
+            from ft_plugins.torch.hf.ttp import TrainerDump
+
+            self._add("ttp", TrainerDump(ttp))
         if self.patch_sets:
             self.patch_sets.append(PatchSet("callback", (Patch(TRAINER, "Trainer.__init__", _add_callback),),
                                             self._missing))

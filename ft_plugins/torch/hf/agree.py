@@ -20,11 +20,6 @@ def distributed() -> Any:
     return dist
 
 
-def rank() -> int:
-    dist = distributed()
-    return int(dist.get_rank()) if dist is not None else 0
-
-
 def agree(topic: str, decide: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """Rank 0's ``decide()`` on every rank (a JSON-able dict); ``topic`` must name the same question on
     every rank. Only rank 0 calls ``decide``."""

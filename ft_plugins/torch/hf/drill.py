@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from ft_plugins import faults
 from ft_plugins.patching import Patch
-from ft_plugins.torch.hf.agree import rank
+from ft_plugins.rank import global_rank
 from ft_plugins.torch.hf.resume import _number
 
 log = logging.getLogger("ft_plugins.faults")
@@ -55,7 +55,7 @@ class TrainerDrill:
 
     def _fire(self, point: str, step: int) -> None:
         if self._planned is None:
-            self._planned = list(faults.planned(rank()))
+            self._planned = list(faults.planned(global_rank() or 0))
         for fault in self._planned:
             if fault.at == point and fault.step == step:
                 self._planned.remove(fault)

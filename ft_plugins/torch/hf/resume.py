@@ -19,6 +19,7 @@ import re
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
+from ft_plugins.checkpoint.errors import NoIntactCheckpoint
 from ft_plugins.features import resume as resume_feature
 from ft_plugins.patching import Patch
 from ft_plugins.torch.hf.agree import agree, barrier
@@ -62,8 +63,8 @@ class Chooser:
         def decide() -> dict[str, Any]:
             try:
                 return {"path": self.feature.choose(directory, "hf").path}
-            except resume_feature.NoIntactCheckpoint as exc:
-                return {"error": str(exc), "skipped": [f"{s.path}: {s.reason}" for s in _skipped(self.feature)]}
+            except NoIntactCheckpoint as exc:
+                return {"error": str(exc), "skipped": [list(pair) for pair in exc.skipped]}
 
         return _outcome(self._agree(f"latest/{os.path.abspath(directory)}", decide))
 
@@ -87,14 +88,12 @@ class Chooser:
         return str(_outcome(self._agree(f"path/{os.path.abspath(path)}", decide)))
 
 
-def _skipped(feature: resume_feature.Resume) -> list[Any]:
-    return list(feature.loaded.skipped) if feature.loaded is not None else []
-
-
 def _outcome(decision: dict[str, Any]) -> str | None:
+    """The agreed path; NoIntactCheckpoint (with what was skipped, on every rank) for an agreed refusal."""
     if "error" in decision:
-        skipped = "; ".join(decision["skipped"])
-        raise resume_feature.NoIntactCheckpoint(decision["error"] + (f" (skipped: {skipped})" if skipped else ""))
+        skipped = [tuple(pair) for pair in decision["skipped"]]
+        named = "; ".join(f"{path}: {reason}" for path, reason in skipped)
+        raise NoIntactCheckpoint(decision["error"] + (f" (skipped: {named})" if named else ""), skipped)
     return decision["path"]
 
 

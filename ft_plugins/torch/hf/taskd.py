@@ -6,20 +6,21 @@ and ``"pt"``, once torch.distributed is up. transformers creates the process gro
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any, Callable
 
 from ft_plugins.features.taskd import Taskd
 from ft_plugins.patching import Patch
+from ft_plugins.rank import global_rank
 
 log = logging.getLogger("ft_plugins.taskd")
 
 
 def _initialized_rank() -> int | None:
-    import sys
-
+    """The global rank once torch.distributed is up (the worker must not start before), else None."""
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
-        return int(dist.get_rank())
+        return global_rank()
     return None
 
 

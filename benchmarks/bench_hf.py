@@ -1,0 +1,104 @@
+"""Cost of ft_plugins on a Hugging Face Trainer (one process, CPU, the tiny GPT-2 of examples/hf_trainer).
+
+  steps  the same training run twice per round, in fresh processes: FT_PLUGINS=none against every
+         feature that runs here (mstx on its no-op backend, resume, ttp's built-in engine); time per
+         optimizer step from the Trainer's own ``train_runtime`` (no saves). Rounds alternate the two;
+         prints the median of each and the ratio of the fastest rounds.
+  hooks  in one process: the hooks' own work per optimizer step, timed directly (robust to machine noise)
+  dump   in one process: the dying gasp's writer (model, optimizer, scheduler, RNG files,
+         trainer_state.json, then the manifest) against the Trainer's own ``_save_checkpoint`` of the
+         same state (without the commit), fastest of ``--saves``.
+
+    python benchmarks/bench_hf.py [--steps 200] [--rounds 3] [--saves 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHILD = r"""
+import json, os, sys, tempfile, time
+if os.environ["FT_PLUGINS"] != "none":
+    import ft_plugins.torch
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments, set_seed
+mode, steps = sys.argv[1], int(sys.argv[2])
+set_seed(7)
+data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 64, (512, 16)).unbind()]
+out = tempfile.mkdtemp()
+args = TrainingArguments(output_dir=out, max_steps=steps, save_strategy="no", per_device_train_batch_size=4,
+                         lr_scheduler_type="constant", report_to=[], use_cpu=True, disable_tqdm=True,
+                         logging_strategy="no", dataloader_num_workers=0)
+model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2))
+trainer = Trainer(model=model, args=args, train_dataset=data)
+result = trainer.train()
+if mode == "steps":
+    print(json.dumps({"step_ms": 1000 * result.metrics["train_runtime"] / steps}))
+else:
+    from ft_plugins.checkpoint import commit
+    from ft_plugins.torch.hf.ttp import _rng_state, _write_checkpoint
+    saves, dumps = [], []
+    for attempt in range(int(sys.argv[3])):
+        trainer.state.global_step = 1000 + attempt
+        started = time.perf_counter()
+        trainer._save_checkpoint(trainer.model, None)
+        saves.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        target = os.path.join(out, f"dump-{attempt}")
+        _write_checkpoint(trainer, target, _rng_state())
+        commit(target)
+        dumps.append(time.perf_counter() - started)
+    from ft_plugins.torch.hf import events
+    dump = next(listener for listener in events.LISTENERS if hasattr(listener, "tracker"))
+    rounds, runs = 2000, []
+    for _ in range(5):
+        started = time.perf_counter()
+        for _ in range(rounds):
+            events.dispatch("step_begin", trainer.args, trainer.state, trainer.control, {})
+            dump.tracker.update(lambda: None)
+            events.dispatch("step_end", trainer.args, trainer.state, trainer.control, {})
+        runs.append((time.perf_counter() - started) / rounds)
+    print(json.dumps({"save_ms": 1000 * min(saves), "dump_ms": 1000 * min(dumps), "hooks_us": 1e6 * min(runs)}))
+"""
+
+
+def _child(features: str, *args: str) -> dict[str, float]:
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("FT_PLUGINS")},
+           "FT_PLUGINS": features, "FT_PLUGINS_MSTX_BACKEND": "noop", "PYTHONPATH": ROOT}
+    result = subprocess.run([sys.executable, "-c", CHILD, *args], env=env, capture_output=True, text=True)
+    if result.returncode:
+        sys.exit(result.stderr[-3000:])
+    return dict(json.loads(result.stdout.strip().splitlines()[-1]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--saves", type=int, default=5)
+    options = parser.parse_args()
+    bare, hooked = [], []
+    for _ in range(options.rounds):
+        bare.append(_child("none", "steps", str(options.steps))["step_ms"])
+        hooked.append(_child("mstx,resume,ttp", "steps", str(options.steps))["step_ms"])
+    print(f"per step: bare {statistics.median(bare):.2f} ms, all features {statistics.median(hooked):.2f} ms "
+          f"(medians of {options.rounds}); fastest rounds {min(bare):.2f} vs {min(hooked):.2f} ms: "
+          f"ratio {min(hooked) / min(bare):.4f}")
+    timed = _child("mstx,resume,ttp", "dump", "4", str(options.saves))
+    print(f"the hooks' own work per optimizer step (step events with the step range and the step tracker's RNG "
+          f"snapshot, the update bracket), in-process: {timed['hooks_us']:.1f} us = "
+          f"{timed['hooks_us'] / 10 / min(bare):.3f} % of the fastest bare step")
+    print(f"dump {timed['dump_ms']:.1f} ms (written and committed) vs Trainer._save_checkpoint "
+          f"{timed['save_ms']:.1f} ms: {timed['dump_ms'] / timed['save_ms']:.2f}x (fastest of {options.saves})")
+
+
+if __name__ == "__main__":
+    main()

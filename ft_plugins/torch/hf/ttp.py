@@ -1,0 +1,203 @@
+"""``ttp`` for the Trainer (data parallel): on a peer's loss or SIGTERM a survivor writes the last completed
+optimizer step K as HF's own ``checkpoint-K``, committed, so plain ``resume_from_checkpoint=True``
+continues at K + 1 with no step lost.
+
+Composed from the framework-neutral parts: a :class:`~ft_plugins.steps.StepTracker` driven by the
+Trainer's ``on_step_begin`` / ``on_step_end`` and by Accelerate's ``AcceleratedOptimizer.step`` (the
+update, bracketed: a rank caught inside it is never saved half-updated), and a
+:class:`~ft_plugins.triggers.DyingGasp` fired by SIGTERM (watcher thread) or by an exception leaving
+``Trainer.train`` (a collective that raised when a peer died). In DDP every rank holds the whole model
+and optimizer, and Accelerate keeps the RNG identical on every rank, so one survivor writes every file,
+every rank's ``rng_state_*`` included; the writer is the first to ``add`` a key on torchrun's store (no
+collective). The RNG is the one taken at the end of step K, as a save at K would hold it. FSDP and
+DeepSpeed shard the state: refused with one line.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ft_plugins.checkpoint import commit as commit_checkpoint
+from ft_plugins.faults import RESTART_VAR
+from ft_plugins.features.ttp import Ttp
+from ft_plugins.patching import Patch
+from ft_plugins.steps import FORWARD, IDLE, Frozen, StepTracker
+from ft_plugins.rank import global_rank
+from ft_plugins.torch.hf.resume import committed
+from ft_plugins.torch.store import claim
+from ft_plugins.triggers import EXIT_ON_ERROR, DyingGasp
+
+log = logging.getLogger("ft_plugins.ttp")
+
+TRAINER = "transformers.trainer"
+
+
+@dataclass
+class _At:
+    """What a save of the step boundary needs: the Trainer and the RNG state taken there."""
+
+    trainer: Any
+    rng: dict[str, Any]
+
+
+def _rng_state() -> dict[str, Any]:
+    import random
+
+    import numpy
+    import torch
+
+    state: dict[str, Any] = {"python": random.getstate(), "numpy": numpy.random.get_state(),
+                             "cpu": torch.random.get_rng_state()}
+    for name in ("cuda", "npu"):
+        device = getattr(torch, name, None)
+        if device is not None and device.is_available():
+            state[name] = device.random.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    import random
+
+    import numpy
+    import torch
+
+    random.setstate(state["python"])
+    numpy.random.set_state(state["numpy"])
+    torch.random.set_rng_state(state["cpu"])
+    for name in ("cuda", "npu"):
+        if name in state:
+            getattr(torch, name).random.set_rng_state_all(state[name])
+
+
+class TrainerDump:
+    def __init__(self, feature: Ttp) -> None:
+        self.feature = feature
+        self.tracker = StepTracker()
+        self.gasp = DyingGasp(self.tracker, self.save)
+        self._refusal: str | None = None
+        self._rng: dict[str, Any] | None = None
+        self._trainer: Any = None
+
+    def patches(self) -> tuple[Patch, ...]:
+        return (Patch(TRAINER, "Trainer.train", self.train),
+                Patch("accelerate.optimizer", "AcceleratedOptimizer.step", self.update))
+
+    # -- hooks -------------------------------------------------------------------------------------
+    def train(self, wrapped: Callable[..., Any], trainer: Any, args: tuple, kwargs: dict) -> Any:
+        self._refusal, self._trainer = _unsupported(trainer), trainer
+        if self._refusal:
+            log.warning("ttp: the builtin engine is off for this run: %s", self._refusal)
+            return wrapped(*args, **kwargs)
+        self.gasp.watch_sigterm()
+        try:
+            return wrapped(*args, **kwargs)
+        except Exception as exc:
+            if self.tracker.payload is None:  # before the first step: nothing to save, the error as it is
+                raise
+            self.gasp.fire(f"{type(exc).__name__} after step {self.tracker.completed}", EXIT_ON_ERROR, exc)
+            raise
+
+    def update(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        return self.tracker.update(lambda: wrapped(*args, **kwargs))
+
+    def on_event(self, event: str, args: Any, state: Any, control: Any, kwargs: dict[str, Any]) -> None:
+        if self._refusal is None or self._refusal:
+            return  # not inside a Trainer.train this feature serves
+        if event == "step_begin":
+            if self._rng is None:
+                self._rng = _rng_state()
+            self.tracker.begin(state.global_step, _At(self._trainer, self._rng))
+        elif event == "step_end":
+            self.tracker.end(self._advance)
+
+    def _advance(self, at: _At) -> None:
+        """Under the tracker's lock, as the step completes: the RNG a save of this step holds."""
+        self._rng = at.rng = _rng_state()
+
+    # -- the dump ----------------------------------------------------------------------------------
+    def save(self, reason: str, frozen: Frozen | None) -> None:
+        """Write ``checkpoint-K`` once, from one survivor; never raises (the exit follows)."""
+        started = time.monotonic()
+        try:
+            why_not = _nothing_to_save(frozen)
+            if why_not:
+                log.warning("ttp: %s: nothing to dump (%s)", reason, why_not)
+                return
+            assert frozen is not None
+            self._write(reason, started, frozen.payload, frozen.completed)
+        except Exception as exc:  # never a half-committed dump: the commit comes last
+            log.error("ttp: dump failed: %s: %s", type(exc).__name__, exc)
+
+    def _write(self, reason: str, started: float, at: _At, step: int) -> None:
+        trainer = at.trainer
+        run_dir = self.feature.settings["save_dir"] or trainer.args.output_dir
+        final = os.path.join(run_dir, f"checkpoint-{step}")
+        if committed(final):
+            log.warning("ttp: %s: checkpoint-%d is saved already; nothing to dump", reason, step)
+            return
+        if not claim(f"ft_plugins/hf/ttp/{os.environ.get(RESTART_VAR, '0')}/{step}"):
+            log.debug("ttp: %s: another survivor writes checkpoint-%d", reason, step)
+            return
+        staging = os.path.join(run_dir, f"tmp-checkpoint-{step}")
+        shutil.rmtree(staging, ignore_errors=True)
+        _write_checkpoint(trainer, staging, at.rng)
+        commit_checkpoint(staging)
+        if os.path.exists(final):  # the save of K this fault interrupted: never committed, now replaced whole
+            shutil.rmtree(final)
+        os.replace(staging, final)
+        self.feature.saves.append(final)
+        log.warning("ttp: %s: rank %d dumped %s in %.0f ms; committed", reason, global_rank(), final,
+                    (time.monotonic() - started) * 1000)
+
+
+def _nothing_to_save(frozen: Frozen | None) -> str:
+    if frozen is None:
+        return "no step began"
+    if frozen.torn:
+        return "this rank was caught inside its optimizer update"
+    if frozen.phase not in (FORWARD, IDLE):
+        return "this rank stopped between its optimizer update and the end of the step"
+    if frozen.completed == 0:
+        return "no step completed"
+    return ""
+
+
+def _write_checkpoint(trainer: Any, directory: str, rng: dict[str, Any]) -> None:
+    """What ``Trainer._save_checkpoint`` at this step writes, from this rank alone: model and training
+    arguments (``_save``), optimizer, scheduler, every rank's RNG file, ``trainer_state.json``."""
+    import torch
+    from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME
+    from transformers.trainer_callback import ExportableState
+
+    trainer._save(directory)
+    torch.save(trainer.optimizer.state_dict(), os.path.join(directory, OPTIMIZER_NAME))
+    torch.save(trainer.lr_scheduler.state_dict(), os.path.join(directory, SCHEDULER_NAME))
+    _set_rng_state(rng)  # this process exits after the dump: its own RNG no longer matters
+    trainer._save_rng_state(directory)
+    world = trainer.args.world_size
+    if world > 1:
+        own = os.path.join(directory, f"rng_state_{trainer.args.process_index}.pth")
+        for index in range(world):
+            if index != trainer.args.process_index:
+                shutil.copyfile(own, os.path.join(directory, f"rng_state_{index}.pth"))
+    for callback in [*trainer.callback_handler.callbacks, trainer.control]:
+        if isinstance(callback, ExportableState):
+            name, state = type(callback).__name__, callback.state()
+            if isinstance(trainer.state.stateful_callbacks.get(name), list):
+                trainer.state.stateful_callbacks[name].append(state)
+            else:
+                trainer.state.stateful_callbacks[name] = state
+    trainer.state.save_to_json(os.path.join(directory, TRAINER_STATE_NAME))
+
+
+def _unsupported(trainer: Any) -> str:
+    if getattr(trainer, "is_fsdp_enabled", False):
+        return "FSDP shards the model and optimizer; a survivor cannot write every shard (DDP only for now)"
+    if getattr(trainer, "is_deepspeed_enabled", False):
+        return "DeepSpeed shards the optimizer state; a survivor cannot write every shard (DDP only for now)"
+    return ""

@@ -1,0 +1,65 @@
+"""The Trainer's dying gasp on real 2-rank torchrun runs (gloo, CPU), chained: each run resumes with plain
+``resume_from_checkpoint=True`` from the checkpoint the previous fault left, the last one ends
+bit-identical (model and optimizer) to the uninterrupted reference. Faults: rank 1 SIGKILLed in forward,
+in its optimizer update, while writing its part of a save, and SIGTERM to torchrun while a rank hangs.
+Negative control: the first fault without ft_plugins leaves nothing to resume from."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+from hf_runs import Job, run_trainer, same_state, start_trainer
+
+from ft_plugins.checkpoint import find_latest, verify
+from ft_plugins.checkpoint.manifest import MANIFEST
+
+TTP = {"FT_PLUGINS": "resume,ttp"}
+ARGS = ("--save-steps", "4")
+# (fault, the checkpoint the survivor writes): K = the steps every rank completed
+CHAIN = (("rank=1,step=3,kind=kill,at=forward", 3),
+         ("rank=1,step=5,kind=kill,at=update", 6),  # rank 0 completes step 6: its update has no collective
+         ("rank=1,step=8,kind=kill,at=save", 8))  # replaces the checkpoint-8 the fault left incomplete
+
+
+def _dumped(job: Job, step: int) -> None:
+    dumps = job.lines("dumped")
+    assert job.returncode != 0 and len(dumps) == 1, job.output[-4000:]
+    assert f"checkpoint-{step} in" in dumps[0] and dumps[0].endswith("committed")
+    checkpoint = job.checkpoint(step)
+    assert (checkpoint / MANIFEST).exists() and verify(checkpoint).intact
+    assert {f"rng_state_{rank}.pth" for rank in (0, 1)} <= {path.name for path in checkpoint.iterdir()}
+
+
+def _sigterm_while_rank_1_hangs(workdir: Path, out: Path) -> Job:
+    process, final = start_trainer(workdir, out, *ARGS, FT_PLUGINS_INJECT_FAULT="rank=1,step=10,kind=hang", **TTP)
+    lines = []
+    assert process.stdout is not None
+    for line in process.stdout:
+        lines.append(line)
+        if "firing injected fault" in line:
+            process.send_signal(signal.SIGTERM)  # to torchrun, which forwards it to both ranks
+            break
+    rest, _ = process.communicate(timeout=300)
+    return Job(process.returncode, "".join(lines) + rest, out, final)
+
+
+def test_each_fault_leaves_the_last_completed_step_and_the_chain_ends_bit_identical(
+        reference: Job, tmp_path: Path) -> None:
+    stock = run_trainer(tmp_path, tmp_path / "stock", *ARGS, ft=False, FT_PLUGINS_INJECT_FAULT=CHAIN[0][0])
+    assert stock.returncode != 0 and stock.lines("firing injected fault")
+    assert not stock.out.exists() or find_latest(stock.out).path is None  # stock: 3 steps lost
+
+    out = tmp_path / "out"
+    for number, (fault, step) in enumerate(CHAIN):
+        job = run_trainer(tmp_path, out, *ARGS, FT_PLUGINS_INJECT_FAULT=fault, **TTP)
+        _dumped(job, step)
+        if number:
+            assert job.lines(f"newest checkpoint {out / f'checkpoint-{CHAIN[number - 1][1]}'} is intact")
+    job = _sigterm_while_rank_1_hangs(tmp_path, out)
+    _dumped(job, 10)
+    assert job.lines("SIGTERM: rank")
+    final = run_trainer(tmp_path, out, *ARGS, **TTP)
+    assert final.returncode == 0 and final.lines(f"newest checkpoint {out / 'checkpoint-10'} is intact"), \
+        final.output[-3000:]
+    assert same_state(reference.final, final.final) == []
