@@ -36,7 +36,7 @@ TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 REPAIRED = re.compile(r"rank 0 repaired generation 1 in ([\d.]+) s")
 
 
-def _port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -44,7 +44,7 @@ def _port() -> int:
 
 def _run(workdir: Path, iters: int, restarts: bool, **env: str) -> tuple[float, str]:
     save = workdir / "ckpt"
-    launcher = ["--standalone", "--max-restarts", "1"] if restarts else ["--master-port", str(_port())]
+    launcher = ["--standalone", "--max-restarts", "1"] if restarts else ["--master-port", str(free_port())]
     command = [sys.executable, "-m", "ft_plugins.cli", "run", "--", TORCHRUN, "--nproc-per-node", "4", *launcher,
                str(EXAMPLE), "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", str(iters),
                "--save", str(save), "--load", str(save), "--save-interval", str(10 * iters)]

@@ -147,8 +147,9 @@ class MegatronRecovery:
         started = time.monotonic()
         standing, snapshot = self._standing(iteration)
         generation = self.generation + 1
-        log.warning("recover: rank %d caught %s in step %d (%d steps completed here); waiting for a replacement",
-                    rank, reason, iteration + 1, standing.completed)
+        log.warning("recover: rank %d (pid %d) caught %s in step %d (%d steps completed here); waiting for a "
+                    "replacement",
+                    rank, os.getpid(), reason, iteration + 1, standing.completed)
         try:
             with self._quiet():
                 if self.refusal:

@@ -13,6 +13,7 @@ ft_plugins the same fault ends the job.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +28,6 @@ FAR = ("--save-interval", "100")
 RECOVER = {"FT_PLUGINS": "ttp,recover"}
 FIRST, SECOND = 2, 4  # the faults fire in the steps after 2 and after 4 completed steps
 TWO_FAULTS = f"rank=1,step={FIRST},kind=kill;rank=3,step={SECOND},kind=kill"
-STARTED = "INFO recover enabled"  # every worker process says it once as it starts
 
 
 def _run(workdir: Path, *args: str, **env: str) -> Job:
@@ -42,8 +42,9 @@ def _run(workdir: Path, *args: str, **env: str) -> Job:
     return Job(result.returncode, result.stdout + result.stderr, save)
 
 
-def _starts(job: Job, rank: int) -> int:
-    return len(job.lines(f"[ft_plugins rank {rank}] {STARTED}"))
+def _catchers(job: Job, rank: int) -> list[str]:
+    """The pid of every catch of a fault by ``rank``, in order."""
+    return re.findall(rf"recover: rank {rank} \(pid (\d+)\) caught", job.output)
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +68,10 @@ def test_two_ranks_lost_in_turn_the_job_ends_with_exit_0_and_the_uninterrupted_r
 
 
 def test_only_the_lost_worker_is_replaced_the_survivors_keep_their_processes(recovered: Job) -> None:
-    # rank 0's count includes the torchrun launcher's own start-up line; rank 2 survived both faults
-    assert [_starts(recovered, rank) for rank in (0, 2)] == [2, 1]
+    assert len(_catchers(recovered, 0)) == len(_catchers(recovered, 2)) == 2
+    assert len(set(_catchers(recovered, 0))) == len(set(_catchers(recovered, 2))) == 1, "same process both times"
+    spare = re.search(r"rank 1 exited with code -9; warm spare pid (\d+)", recovered.output)
+    assert spare and _catchers(recovered, 1) == [spare.group(1)], "the spare, as rank 1, survived the second fault"
     assert recovered.lines("rank 1 exited with code -9; warm spare pid"), "the spare started with the job took over"
     assert recovered.lines("rank 3 exited with code -9; warm spare pid") or \
         recovered.lines("rank 3 exited with code -9; replacement pid")
