@@ -12,6 +12,7 @@ framework glue's business.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
@@ -19,7 +20,10 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from ft_plugins.config import INJECT_VAR, ConfigError
+from ft_plugins.rank import global_rank
 from ft_plugins.recovery import replacement
+
+log = logging.getLogger("ft_plugins.faults")
 
 RESTART_VAR = "TORCHELASTIC_RESTART_COUNT"
 KINDS = ("kill", "term", "exception", "hang")
@@ -101,3 +105,20 @@ def fire(fault: Fault) -> None:
     else:
         while True:  # a hung rank: only a signal ends it
             time.sleep(3600)
+
+
+class Drill:
+    """This process's planned faults, each fired once where the framework glue says its point is reached."""
+
+    def __init__(self) -> None:
+        self._planned: list[Fault] | None = None
+
+    def reached(self, point: str, step: int | None = None) -> None:
+        """Fire every planned fault at ``point`` (and ``step``, unless None: ``join`` has no step)."""
+        if self._planned is None:
+            self._planned = list(planned(global_rank() or 0))
+        for fault in list(self._planned):
+            if fault.at == point and (step is None or fault.step == step):
+                self._planned.remove(fault)
+                log.warning("firing injected fault %s", fault)
+                fire(fault)

@@ -9,43 +9,30 @@ is how a test shows what a fault costs without ft_plugins. Applied before ``ttp`
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Callable
 
 from ft_plugins import faults
-from ft_plugins.rank import global_rank
 from ft_plugins.torch.state import current_iteration
-
-log = logging.getLogger("ft_plugins.faults")
 
 
 class FaultDrill:
     """The wrappers (wrapt signature) that fire this rank's planned faults, each once."""
 
     def __init__(self) -> None:
-        self._planned: list[faults.Fault] | None = None
+        self._drill = faults.Drill()
         self._iteration = 0
 
     def train_step(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         self._iteration = current_iteration(args, kwargs)
-        self._fire("forward", self._iteration)
+        self._drill.reached("forward", self._iteration)
         return wrapped(*args, **kwargs)
 
     def update(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-        self._fire("update", self._iteration)
+        self._drill.reached("update", self._iteration)
         return wrapped(*args, **kwargs)
 
     def save_checkpoint(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         iteration = kwargs.get("iteration", args[0] if args else None)
         if isinstance(iteration, int):
-            self._fire("save", iteration)
+            self._drill.reached("save", iteration)
         return wrapped(*args, **kwargs)
-
-    def _fire(self, point: str, step: int) -> None:
-        if self._planned is None:
-            self._planned = list(faults.planned(global_rank() or 0))
-        for fault in self._planned:
-            if fault.at == point and fault.step == step:
-                self._planned.remove(fault)
-                log.warning("firing injected fault %s", fault)
-                faults.fire(fault)

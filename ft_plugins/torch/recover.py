@@ -175,7 +175,7 @@ class MegatronRecovery:
         try:
             with self._quiet():
                 if mine is None:
-                    _fire_join_faults(rank)
+                    faults.Drill().reached("join")
                     store.set(key(generation, "joined"), str(rank))
                 from torch.distributed import PrefixStore
 
@@ -381,11 +381,3 @@ def _replaced(args: tuple, kwargs: dict, index: int, name: str, value: Any) -> t
     if name in kwargs:
         return args, {**kwargs, name: value}
     return (*args[:index], value, *args[index + 1:]), kwargs
-
-
-def _fire_join_faults(rank: int) -> None:
-    """``at=join`` drills: a replacement that fails (or hangs) as it joins."""
-    for fault in faults.planned(rank):
-        if fault.at == "join":
-            log.warning("firing injected fault %s", fault)
-            faults.fire(fault)

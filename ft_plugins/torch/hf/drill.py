@@ -11,23 +11,19 @@ the same drill runs with ``FT_PLUGINS=none`` to show what a fault costs without 
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Any, Callable
 
 from ft_plugins import faults
 from ft_plugins.patching import Patch
-from ft_plugins.rank import global_rank
 from ft_plugins.torch.hf.resume import _number
-
-log = logging.getLogger("ft_plugins.faults")
 
 TRAINER = "transformers.trainer"
 
 
 class TrainerDrill:
     def __init__(self) -> None:
-        self._planned: list[faults.Fault] | None = None
+        self._drill = faults.Drill()
         self._step = 0
 
     def patches(self) -> tuple[Patch, ...]:
@@ -38,26 +34,17 @@ class TrainerDrill:
 
     def training_step(self, wrapped: Callable[..., Any], trainer: Any, args: tuple, kwargs: dict) -> Any:
         self._step = trainer.state.global_step
-        self._fire("forward", self._step)
+        self._drill.reached("forward", self._step)
         return wrapped(*args, **kwargs)
 
     def update(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-        self._fire("update", self._step)
+        self._drill.reached("update", self._step)
         return wrapped(*args, **kwargs)
 
     def save_checkpoint(self, wrapped: Callable[..., Any], trainer: Any, args: tuple, kwargs: dict) -> Any:
-        self._fire("save", trainer.state.global_step)
+        self._drill.reached("save", trainer.state.global_step)
         return wrapped(*args, **kwargs)
 
     def save_state(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-        self._fire("save", _number(os.fspath(kwargs.get("output_dir", args[0] if args else ""))))
+        self._drill.reached("save", _number(os.fspath(kwargs.get("output_dir", args[0] if args else ""))))
         return wrapped(*args, **kwargs)
-
-    def _fire(self, point: str, step: int) -> None:
-        if self._planned is None:
-            self._planned = list(faults.planned(global_rank() or 0))
-        for fault in self._planned:
-            if fault.at == point and fault.step == step:
-                self._planned.remove(fault)
-                log.warning("firing injected fault %s", fault)
-                faults.fire(fault)
