@@ -32,11 +32,13 @@ callbacks:
 """
 
 
-def _callbacks(directory: Path) -> list:
+def _callbacks(directory: Path, resume_dir: Path | None = None) -> list:
     from mindformers.core.callback import build_callback
     from mindformers.tools.register import MindFormerConfig
 
-    (directory / "task.yaml").write_text(YAML)
+    entry = f"    resume_dir: {resume_dir}\n" if resume_dir else ""
+    (directory / "task.yaml").write_text(YAML.replace("    features: taskd,mstx,resume\n",
+                                                      "    features: taskd,mstx,resume\n" + entry))
     return build_callback(MindFormerConfig(str(directory / "task.yaml")).callbacks)
 
 
@@ -120,9 +122,14 @@ def test_resume_from_yaml_entry_skips_truncated(first_run: dict[str, Any], workd
     rank_dir = workdir / "output" / "checkpoint" / "rank_0"
     newest = rank_dir / "tiny_rank_0-2_4.ckpt"
     newest.write_bytes(newest.read_bytes()[:-40])
+    with pytest.raises(RuntimeError, match="no resume_dir"):  # without it: refused, never a silent retrain
+        tiny.model().train(2, tiny.dataset(), callbacks=_callbacks(workdir), initial_epoch=1)
     fakes.clear()
-    callbacks = _callbacks(workdir)
-    tiny.model().train(2, tiny.dataset(), callbacks=callbacks, initial_epoch=1)
+    callbacks = _callbacks(workdir, resume_dir=workdir / "output" / "checkpoint")
+    dataset = tiny.dataset()
+    initial_epoch = callbacks[1].initial_epoch(dataset.get_dataset_size(), dataset)
+    assert initial_epoch == 1
+    tiny.model().train(2, dataset, callbacks=callbacks, initial_epoch=initial_epoch)
     selection = callbacks[1].resume.selection
     assert selection.path == str(rank_dir / "tiny_rank_0-1_4.ckpt") and (selection.epoch, selection.step) == (1, 4)
     assert [Path(s.path).name for s in selection.skipped] == [newest.name]
