@@ -68,8 +68,8 @@ def test_taskds_adaptor_is_imported_in_the_launcher_only_and_fitted_to_this_torc
     workers = set(run.pids("init_taskd_worker"))
     assert launcher[0] not in workers
     calls = [r for r in run.records if r["api"] == "taskd.launch_agent"]
-    assert [(c["pid"], c["args"][0]) for c in calls] == [(launcher[0], 0)]  # TaskD's replacement ran, with 0 restarts
-    assert "its launch_agent made to take health_check_server from this torch" in run.output
+    # TaskD's replacement ran, with 0 restarts: fitted to this torch (unfitted, it dies with TypeError: see below)
+    assert [(c["pid"], c["args"][0]) for c in calls] == [(launcher[0], 0)]
 
 
 def test_ld_preload_reaches_launcher_and_workers_once_each(run: TorchrunRun) -> None:
