@@ -90,13 +90,14 @@ def named_range(name: str, framework: str = "pt") -> _Range:
 
 
 def prepare_launcher(launcher: str) -> bool:
-    """In the launcher process (``torchrun``), before its agent starts: the launcher side of the
-    features, i.e. TaskD's elastic-agent patch for process recovery, and ``recover``'s agent that
-    restarts only a failed worker. Never raises."""
-    runtime = current("pt")
+    """In the launcher process (``torchrun`` or ``msrun``), before it starts workers: the launcher side of
+    the features, i.e. TaskD's elastic-agent patch for process recovery, and ``recover``'s agent that
+    restarts only a failed worker (torchrun), and the feature list its workers compare theirs with. Never raises."""
+    framework = "ms" if launcher == "msrun" else "pt"
+    runtime = current(framework)
     if runtime is None:
         try:
-            runtime = activate("pt", announce=False)  # the workers say it; this process says one line
+            runtime = activate(framework, announce=False)  # the workers say it; this process says one line
         except ConfigError as exc:
             configuration_error(exc)
             return False

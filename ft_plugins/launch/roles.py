@@ -3,7 +3,7 @@
 | role | recognised by | ft_plugins |
 | --- | --- | --- |
 | ``torchrun`` | the torchrun script, ``-m torch.distributed.run`` / ``.launch`` | the launcher side of the features (TaskD's agent patch, fitted to this torch) |
-| ``msrun`` | the msrun script, ``-m mindspore.parallel.cluster.run`` | nothing: MindSpore's process manager starts TaskD's agent itself |
+| ``msrun`` | the msrun script, ``-m mindspore.parallel.cluster.run`` | publishes the features its workers start with (MindSpore's process manager starts TaskD's agent itself) |
 | ``scheduler`` | ``MS_ROLE=MS_SCHED`` (msrun's scheduler runs the training script too) | nothing |
 | ``helper`` | multiprocessing's spawn, forkserver and resource-tracker children | nothing: their parent is active |
 | ``worker`` | ``TORCHELASTIC_RUN_ID`` (torchrun) or ``MS_ROLE=MS_WORKER`` (msrun) | active, as ``import ft_plugins.torch`` / ``ft_plugins.mindspore`` do, on the framework's import |
@@ -81,10 +81,10 @@ def boot() -> Role:
     """Called by the bootstrap ``sitecustomize``: decide the role and act on it."""
     global CURRENT
     CURRENT = role = detect(getattr(sys, "orig_argv", sys.argv), os.environ)
-    if role.name == "torchrun":
+    if role.name in LAUNCHERS:
         from ft_plugins import hooks
 
-        hooks.prepare_launcher("torchrun")
+        hooks.prepare_launcher(role.name)
     elif role.active:
         from ft_plugins.patching import when_imported
 

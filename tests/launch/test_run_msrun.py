@@ -24,7 +24,8 @@ role = os.environ.get("MS_ROLE", "none")
 def report(rank):
     with open(os.path.join(sys.argv[1], f"{role}_{os.getpid()}.json"), "w") as out:
         json.dump({"ms_role": role, "role": roles.CURRENT.name if roles.CURRENT else None,
-                   "glue": "ft_plugins.mindspore" in sys.modules, "rank": rank}, out)
+                   "glue": "ft_plugins.mindspore" in sys.modules, "rank": rank,
+                   "launcher": os.environ.get("FT_LAUNCHER_FEATURES")}, out)
 
 if role == "MS_SCHED":
     report(None)  # msrun does not wait for its scheduler once the agent returns
@@ -73,6 +74,14 @@ def test_workers_active_scheduler_untouched(msrun) -> None:
     _, _, reports = msrun
     by_role = {(r["ms_role"], r["role"], r["glue"]) for r in reports}
     assert by_role == {("MS_WORKER", "worker", True), ("MS_SCHED", "scheduler", False)}
+
+
+def test_msrun_publishes_the_features_its_workers_compare_theirs_with(msrun) -> None:
+    _, _, reports = msrun
+    published = {r["launcher"] for r in reports if r["ms_role"] == "MS_WORKER"}
+    assert len(published) == 1, published
+    features = dict(item.split("=") for item in published.pop().split(","))
+    assert features["taskd"] == features["resume"] == "on" and features["recover"] == "off"
 
 
 def test_no_warning_about_msruns_python(msrun) -> None:
