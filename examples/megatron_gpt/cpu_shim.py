@@ -8,11 +8,17 @@ Megatron's distributed optimizer (``--use-distributed-optimizer``) needs four mo
 all on ``DistributedOptimizer`` (see :func:`_patch_distributed_optimizer`). Only the first is about
 the CPU; the other three are megatron-core 0.17.1 bugs on the path of fp32 parameters with torch's
 own Adam (no Apex / Transformer Engine), which is the path a CPU run takes.
+
+Two imports a tiny CPU run never uses are kept out, which halves each rank's start-up: torch's
+compiler (``torch.compile`` compiles nothing here, so Megatron's fused kernels run as written, as
+they did with dynamo switched off) and transformers (megatron-core builds even the NullTokenizer
+through a module that imports it; the run falls back to Megatron's own tokenizers).
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 import types
 
 import torch
@@ -101,6 +107,11 @@ class _Event:
         return True
 
 
+def _eager(model=None, **_options):
+    """``torch.compile`` that compiles nothing, used as a function or as a decorator factory."""
+    return model if model is not None else (lambda fn: fn)
+
+
 def install() -> None:
     """Idempotent: patch torch.cuda and enter the device-mapping mode for this process."""
     if getattr(torch.cuda, "_cpu_shim", False):
@@ -131,7 +142,8 @@ def install() -> None:
     cuda.get_device_properties = lambda *a, **k: types.SimpleNamespace(
         major=8, minor=0, name="cpu", total_memory=24 << 30, multi_processor_count=2)
     cuda.get_device_name = lambda *a, **k: "cpu"
-    torch._dynamo.config.disable = True
+    torch.compile = _eager
+    sys.modules.setdefault("transformers", None)  # megatron-core: "HAVE_TRANSFORMERS = False"
     _CudaToCpu().__enter__()
 
     cuda.random.get_rng_state = lambda *a, **k: torch.get_rng_state()
