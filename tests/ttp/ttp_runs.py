@@ -68,6 +68,11 @@ class Launch:
         return job
 
 
+# megatron's argument check demands CUDA_DEVICE_MAX_CONNECTIONS=1 for TP > 1
+TP = Launch(4, ("--tensor-model-parallel-size", "2"), (("CUDA_DEVICE_MAX_CONNECTIONS", "1"),))
+SHARDS = ("mp_rank_00", "mp_rank_01")  # TP's shards: ranks 0 and 2 hold the first, ranks 1 and 3 the second
+
+
 def differences(left: Path, right: Path, rng: bool = True) -> list[str]:
     """Every difference between two Megatron ``model_optim_rng.pt`` files in what a resume reads.
 
