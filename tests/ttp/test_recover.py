@@ -12,18 +12,13 @@ ft_plugins the same fault ends the job.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from support import MEGATRON_EXAMPLE, REPO, TORCHRUN, free_port
-from ttp_runs import ITERS, Job, Launch, committed_dump, same_as_reference
+from ttp_runs import DP4, ITERS, Job, committed_dump, run_supervised, same_as_reference
 
-DP4 = Launch(4, ("--micro-batch-size", "1", "--global-batch-size", "4"))
 FAR = ("--save-interval", "100")
 RECOVER = {"FT_PLUGINS": "ttp,recover"}
 FIRST, SECOND = 2, 4  # the faults fire in the steps after 2 and after 4 completed steps
@@ -32,14 +27,7 @@ TWO_FAULTS = f"rank=1,step={FIRST},kind=kill;rank=3,step={SECOND},kind=kill"
 
 def _run(workdir: Path, *args: str, **env: str) -> Job:
     """``ft-plugins run -- torchrun --nproc-per-node 4 ...`` on the Megatron example."""
-    save = workdir / "ckpt"
-    command = [sys.executable, "-m", "ft_plugins.cli", "run", "--", TORCHRUN, "--nproc-per-node", "4",
-               "--master-port", str(free_port()), str(MEGATRON_EXAMPLE), *DP4.args, "--train-iters", str(ITERS),
-               "--save", str(save), *FAR, *args]
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "FT_FAKE", "TORCHELASTIC"))}
-    clean["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), clean.get("PYTHONPATH", "")]))
-    result = subprocess.run(command, cwd=workdir, env={**clean, **env}, capture_output=True, text=True, timeout=400)
-    return Job(result.returncode, result.stdout + result.stderr, save)
+    return run_supervised(workdir, DP4, *FAR, *args, **env)
 
 
 def _catchers(job: Job, rank: int) -> list[str]:
@@ -48,9 +36,9 @@ def _catchers(job: Job, rank: int) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Job:
-    """Uninterrupted, without ft_plugins, saving every step."""
-    return DP4.reference(tmp_path_factory.mktemp("recover_reference"))
+def reference(dp4_reference: Job) -> Job:
+    """Uninterrupted, without ft_plugins, saving every step (shared with the MindIO engine's recovery)."""
+    return dp4_reference
 
 
 @pytest.fixture(scope="module")

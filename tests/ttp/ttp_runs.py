@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from support import MEGATRON_EXAMPLE, TORCHRUN, free_port
+from support import MEGATRON_EXAMPLE, REPO, TORCHRUN, free_port
 
 ITERS = 6
 
@@ -43,6 +43,18 @@ def run_job(workdir: Path, *args: str, launcher: tuple[str, ...] = (), entry: Pa
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "FT_FAKE", "TORCHELASTIC"))}
     result = subprocess.run(command, cwd=workdir, env={**clean, **env},
                             capture_output=True, text=True, timeout=timeout)
+    return Job(result.returncode, result.stdout + result.stderr, save)
+
+
+def run_supervised(workdir: Path, launch: "Launch", *args: str, **env: str) -> Job:
+    """``ft-plugins run -- torchrun ...`` (the launcher that replaces a lost worker in place) on the Megatron example."""
+    save = workdir / "ckpt"
+    command = [sys.executable, "-m", "ft_plugins.cli", "run", "--", TORCHRUN, "--nproc-per-node", str(launch.nproc),
+               "--master-port", str(free_port()), str(MEGATRON_EXAMPLE), *launch.args, "--train-iters", str(ITERS),
+               "--save", str(save), *args]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "FT_FAKE", "TORCHELASTIC"))}
+    clean["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), clean.get("PYTHONPATH", "")]))
+    result = subprocess.run(command, cwd=workdir, env={**clean, **env}, capture_output=True, text=True, timeout=400)
     return Job(result.returncode, result.stdout + result.stderr, save)
 
 
@@ -134,3 +146,6 @@ def resumed_to_the_end(resumed: Job, reference: Job, step: int) -> None:
     assert resumed.lines(f"iteration        {step + 1}/       {ITERS}")
     assert not resumed.lines(f"iteration        {step}/       {ITERS}")
     assert same_as_reference(resumed, reference, ITERS, rng=False) == []
+
+
+DP4 = Launch(4, ("--micro-batch-size", "1", "--global-batch-size", "4"))  # one rank per data-parallel replica
