@@ -32,6 +32,7 @@ from ft_plugins.features.recover import Recover
 from ft_plugins.patching import Patch
 from ft_plugins.rank import global_rank, is_rank_zero
 from ft_plugins.recovery import key, namespace
+from ft_plugins.torch import loop
 from ft_plugins.torch.handover import Batches, apply, receive, send, set_rng, state_at, without_load
 from ft_plugins.torch.regroup import Regroup
 from ft_plugins.torch.state import megatron, megatron_args
@@ -103,10 +104,7 @@ class MindioRecovery:
             self.batches = iterator.iterable
         elif iterator is not None:
             self.batches = iterator if isinstance(iterator, Batches) else self.batches or Batches(iterator)
-            if "train_data_iterator" in kwargs:
-                kwargs = {**kwargs, "train_data_iterator": self.batches}
-            else:
-                args = (*args[:4], self.batches, *args[5:])
+            args, kwargs = loop.replaced(args, kwargs, 4, "train_data_iterator", self.batches)
         if self.replacement:
             log.warning("recover: rank %s (pid %d) started by MindIO for a lost rank; waiting for its repair",
                         global_rank(), os.getpid())

@@ -54,7 +54,8 @@ def run_supervised(workdir: Path, launch: "Launch", *args: str, **env: str) -> J
                "--save", str(save), *args]
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "FT_FAKE", "TORCHELASTIC"))}
     clean["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), clean.get("PYTHONPATH", "")]))
-    result = subprocess.run(command, cwd=workdir, env={**clean, **env}, capture_output=True, text=True, timeout=400)
+    result = subprocess.run(command, cwd=workdir, env={**clean, **dict(launch.env), **env}, capture_output=True,
+                            text=True, timeout=400)
     return Job(result.returncode, result.stdout + result.stderr, save)
 
 
@@ -78,6 +79,12 @@ class Launch:
         job = self.run(workdir, "--save-interval", "1", *args, FT_PLUGINS="none")
         assert job.returncode == 0, job.output[-3000:]
         return job
+
+
+DP4 = Launch(4, ("--micro-batch-size", "1", "--global-batch-size", "4"))  # one rank per data-parallel replica
+# megatron's argument check demands CUDA_DEVICE_MAX_CONNECTIONS=1 for TP > 1
+TP = Launch(4, ("--tensor-model-parallel-size", "2"), (("CUDA_DEVICE_MAX_CONNECTIONS", "1"),))
+SHARDS = ("mp_rank_00", "mp_rank_01")  # TP's shards: ranks 0 and 2 hold the first, ranks 1 and 3 the second
 
 
 def differences(left: Path, right: Path, rng: bool = True) -> list[str]:
@@ -146,6 +153,3 @@ def resumed_to_the_end(resumed: Job, reference: Job, step: int) -> None:
     assert resumed.lines(f"iteration        {step + 1}/       {ITERS}")
     assert not resumed.lines(f"iteration        {step}/       {ITERS}")
     assert same_as_reference(resumed, reference, ITERS, rng=False) == []
-
-
-DP4 = Launch(4, ("--micro-batch-size", "1", "--global-batch-size", "4"))  # one rank per data-parallel replica
