@@ -37,7 +37,7 @@ from ft_plugins.recovery import (LOG, SAVE as SAVING, STEP, Standing, key, names
                                  supervised)
 from ft_plugins.steps import FORWARD, IDLE, UPDATED
 from ft_plugins.torch import loop
-from ft_plugins.torch.handover import Batches, apply, receive, send, set_rng, state_at
+from ft_plugins.torch.handover import Batches, apply, receive, send, set_rng, state_at, without_load
 from ft_plugins.torch.regroup import Regroup
 from ft_plugins.torch.state import current_iteration, megatron
 from ft_plugins.torch.ttp import MegatronTtp
@@ -76,10 +76,7 @@ class MegatronRecovery:
         self.result_size = 8  # train_step's tuple in megatron-core 0.17
 
     def patches(self) -> tuple[Patch, ...]:
-        return (Patch("torch.distributed.distributed_c10d", "init_process_group", self.regroup.init_process_group),
-                Patch("torch.distributed.distributed_c10d", "new_group", self.regroup.new_group),
-                Patch("megatron.core.parallel_state", "initialize_model_parallel",
-                      self.regroup.initialize_model_parallel),
+        return (*self.regroup.patches(),
                 Patch(TRAINING, "setup_model_and_optimizer", self.setup_model_and_optimizer),
                 Patch(TRAINING, "train", self.train),
                 Patch(TRAINING, "train_step", self.train_step),
@@ -91,16 +88,8 @@ class MegatronRecovery:
         """A replacement reads no checkpoint: its state comes from a peer."""
         if self.joined:
             return wrapped(*args, **kwargs)
-        megatron_args = megatron("training.global_vars").get_args()
-        load, pretrained = megatron_args.load, getattr(megatron_args, "pretrained_checkpoint", None)
-        if load or pretrained:
-            log.warning("recover: replacement of rank %s: --load ignored, the state comes from a peer",
-                        os.environ.get("RANK"))
-        megatron_args.load = megatron_args.pretrained_checkpoint = None
-        try:
+        with without_load(f"replacement of rank {os.environ.get('RANK')}"):
             return wrapped(*args, **kwargs)
-        finally:
-            megatron_args.load, megatron_args.pretrained_checkpoint = load, pretrained
 
     def train(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         if not supervised(os.environ):  # ttp alone handles a failure, as without this feature

@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 pytest.register_assert_rewrite("ttp_runs")
 
-from ttp_runs import ITERS, SHARDS, TP, Job, run_job  # noqa: E402
+from ttp_runs import DP4, ITERS, SHARDS, TP, Job, run_job  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -23,6 +23,12 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Job:
     assert job.returncode == 0, job.output[-3000:]
     assert job.tracker() == str(ITERS)
     return job
+
+
+@pytest.fixture(scope="session")
+def dp4_reference(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    """The uninterrupted DP=4 run (4 ranks), without ft_plugins, saving every step: the in-place recoveries' yardstick."""
+    return DP4.reference(tmp_path_factory.mktemp("dp4_reference"))
 
 
 @pytest.fixture(scope="session")

@@ -24,18 +24,13 @@ ft_plugins the same kill ends the job.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from support import MEGATRON_EXAMPLE, REPO, TORCHRUN, free_port
-from ttp_runs import ITERS, SHARDS, TP, Job, Launch, committed_dump, same_as_reference
+from ttp_runs import DP4, ITERS, SHARDS, TP, Job, Launch, committed_dump, run_supervised, same_as_reference
 
-DP4 = Launch(4, ("--micro-batch-size", "1", "--global-batch-size", "4"))
 RECOVER = {"FT_PLUGINS": "ttp,recover"}
 INTERVAL = 3  # the chained run's periodic saves: steps 3 and 6
 FIRST, SAVED, UPDATED = 2, 3, 4  # rank 1 in forward after 2 completed steps; rank 0 in the save of 3; rank 3 in step 5's update
@@ -45,15 +40,7 @@ LAGGED = 2  # TP: rank 1 killed inside its update in the step after 2 completed 
 
 def _run(workdir: Path, *args: str, launch: Launch = DP4, interval: int = 100, **env: str) -> Job:
     """``ft-plugins run -- torchrun --nproc-per-node 4 ...`` on the Megatron example."""
-    save = workdir / "ckpt"
-    command = [sys.executable, "-m", "ft_plugins.cli", "run", "--", TORCHRUN, "--nproc-per-node", "4",
-               "--master-port", str(free_port()), str(MEGATRON_EXAMPLE), *launch.args, "--train-iters", str(ITERS),
-               "--save", str(save), "--save-interval", str(interval), *args]
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "FT_FAKE", "TORCHELASTIC"))}
-    clean["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), clean.get("PYTHONPATH", "")]))
-    result = subprocess.run(command, cwd=workdir, env={**clean, **dict(launch.env), **env}, capture_output=True,
-                            text=True, timeout=400)
-    return Job(result.returncode, result.stdout + result.stderr, save)
+    return run_supervised(workdir, launch, "--save-interval", str(interval), *args, **env)
 
 
 def _catchers(job: Job, rank: int) -> list[str]:
@@ -62,9 +49,9 @@ def _catchers(job: Job, rank: int) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Job:
-    """Uninterrupted, without ft_plugins, saving every step."""
-    return DP4.reference(tmp_path_factory.mktemp("recover_reference"))
+def reference(dp4_reference: Job) -> Job:
+    """Uninterrupted, without ft_plugins, saving every step (shared with the MindIO engine's recovery)."""
+    return dp4_reference
 
 
 @pytest.fixture(scope="module")
