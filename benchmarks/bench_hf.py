@@ -1,15 +1,19 @@
 """Cost of ft_plugins on a Hugging Face Trainer (one process, CPU, the tiny GPT-2 of examples/hf_trainer).
 
-  steps  the same training run twice per round, in fresh processes: FT_PLUGINS=none against every
-         feature that runs here (mstx on its no-op backend, resume, ttp's built-in engine); time per
-         optimizer step from the Trainer's own ``train_runtime`` (no saves). Rounds alternate the two;
-         prints the median of each and the ratio of the fastest rounds.
+  steps  per optimizer step, every feature that runs here (mstx on its no-op backend, resume, ttp's
+         built-in engine) against none, interleaved in one process so that the machine's load drifts
+         alike for both: ``--blocks`` times, three short training runs of ``--steps`` steps each, off /
+         on / off (``ft_plugins.torch.disable()`` / ``enable()`` between them, a fresh Trainer each),
+         timed by the Trainer's own ``train_runtime``, one intra-op thread (on a shared machine, torch's
+         thread pool waiting on descheduled threads swamps everything else). Each block gives the ratio
+         on / mean of its two offs, and the A/A ratio off / off (the noise floor); prints the median and
+         range of both.
   hooks  in one process: the hooks' own work per optimizer step, timed directly (robust to machine noise)
   dump   in one process: the dying gasp's writer (model, optimizer, scheduler, RNG files,
          trainer_state.json, then the manifest) against the Trainer's own ``_save_checkpoint`` of the
          same state (without the commit), fastest of ``--saves``.
 
-    python benchmarks/bench_hf.py [--steps 200] [--rounds 3] [--saves 5]
+    python benchmarks/bench_hf.py [--steps 40] [--blocks 9] [--saves 5]
 """
 
 from __future__ import annotations
@@ -26,23 +30,31 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD = r"""
 import json, os, sys, tempfile, time
-if os.environ["FT_PLUGINS"] != "none":
-    import ft_plugins.torch
+import ft_plugins.torch
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments, set_seed
 mode, steps = sys.argv[1], int(sys.argv[2])
+if mode == "steps":
+    torch.set_num_threads(1)
 set_seed(7)
 data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 64, (512, 16)).unbind()]
 out = tempfile.mkdtemp()
-args = TrainingArguments(output_dir=out, max_steps=steps, save_strategy="no", per_device_train_batch_size=4,
-                         lr_scheduler_type="constant", report_to=[], use_cpu=True, disable_tqdm=True,
-                         logging_strategy="no", dataloader_num_workers=0)
 model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2))
-trainer = Trainer(model=model, args=args, train_dataset=data)
-result = trainer.train()
+
+def run(hooked):
+    ft_plugins.torch.enable() if hooked else ft_plugins.torch.disable()
+    args = TrainingArguments(output_dir=out, max_steps=steps, save_strategy="no", per_device_train_batch_size=4,
+                             lr_scheduler_type="constant", report_to=[], use_cpu=True, disable_tqdm=True,
+                             logging_strategy="no", dataloader_num_workers=0)
+    trainer = Trainer(model=model, args=args, train_dataset=data)
+    return trainer, 1000 * trainer.train().metrics["train_runtime"] / steps
+
+run(False), run(True)  # warm-up: first-call costs (imports, allocator) out of the blocks
 if mode == "steps":
-    print(json.dumps({"step_ms": 1000 * result.metrics["train_runtime"] / steps}))
+    blocks = [[run(hooked)[1] for hooked in (False, True, False)] for _ in range(int(sys.argv[3]))]
+    print(json.dumps({"blocks": blocks}))
 else:
+    trainer = run(True)[0]
     from ft_plugins.checkpoint import commit
     from ft_plugins.torch.hf.ttp import _rng_state, _write_checkpoint
     saves, dumps = [], []
@@ -81,17 +93,19 @@ def _child(features: str, *args: str) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--blocks", type=int, default=9)
     parser.add_argument("--saves", type=int, default=5)
     options = parser.parse_args()
-    bare, hooked = [], []
-    for _ in range(options.rounds):
-        bare.append(_child("none", "steps", str(options.steps))["step_ms"])
-        hooked.append(_child("mstx,resume,ttp", "steps", str(options.steps))["step_ms"])
-    print(f"per step: bare {statistics.median(bare):.2f} ms, all features {statistics.median(hooked):.2f} ms "
-          f"(medians of {options.rounds}); fastest rounds {min(bare):.2f} vs {min(hooked):.2f} ms: "
-          f"ratio {min(hooked) / min(bare):.4f}")
+    blocks = _child("mstx,resume,ttp", "steps", str(options.steps), str(options.blocks))["blocks"]
+    ratios = [on / ((off + again) / 2) for off, on, again in blocks]
+    floor = [again / off for off, _, again in blocks]
+    bare = [step for off, _, again in blocks for step in (off, again)]
+    print(f"per step ({options.blocks} blocks of off/on/off, {options.steps} steps each, in one process): bare "
+          f"median {statistics.median(bare):.2f} ms; ratio all features / bare: median "
+          f"{statistics.median(ratios):.4f} (range {min(ratios):.4f}-{max(ratios):.4f}); A/A off/off: median "
+          f"{statistics.median(floor):.4f} (range {min(floor):.4f}-{max(floor):.4f}); load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     timed = _child("mstx,resume,ttp", "dump", "4", str(options.saves))
     print(f"the hooks' own work per optimizer step (step events with the step range and the step tracker's RNG "
           f"snapshot, the update bracket), in-process: {timed['hooks_us']:.1f} us = "

@@ -60,12 +60,14 @@ def key(generation: int, name: str) -> str:
 
 class Standing(NamedTuple):
     """Where a survivor stands when it caught the fault: ``completed`` steps (-1: its state is torn),
-    ``position`` the iteration its training loop counts, consumed samples and floating point ops at ``completed``."""
+    ``position`` the iteration its training loop counts, consumed samples and floating point ops at
+    ``completed``; ``saving``: it was inside the save of ``completed`` (a periodic checkpoint)."""
 
     completed: int
     position: int
     consumed: int
     flops: float
+    saving: bool = False
 
     def encode(self) -> bytes:
         return json.dumps(self._asdict()).encode()
@@ -75,22 +77,50 @@ class Standing(NamedTuple):
         return cls(**json.loads(raw.decode()))
 
 
+# Where every rank resumes after a repair, around the newest completed step K (Megatron's loop: step K's
+# update, then its logging, then its periodic save, then step K + 1)
+STEP, LOG, SAVE = "step", "log", "save"
+
+
 class Plan(NamedTuple):
-    """What every rank decides alike from the survivors' standings: the step K to continue from, and per
+    """What every rank decides alike from the survivors' standings: the step K to continue from, where
+    every rank resumes (``resume``: step K + 1 from its start, step K's logging, or step K's save), and per
     data-parallel group its source (a holder of K) and the ranks it sends to; ``refusal`` says why not."""
 
     step: int
     sources: dict[int, int]  # group index -> source rank
     receivers: dict[int, tuple[int, ...]]
     refusal: str = ""
+    resume: str = STEP
+
+
+def resumption(standings: Mapping[int, Standing]) -> tuple[int, str]:
+    """The newest completed step K among the survivors and the one point where every rank resumes: ``log``
+    when each was caught before K's logging ended (after its update of K, in that logging, or before its
+    update of K, then receiving K), ``step`` when each stood at step K + 1, ``save`` when each was in the
+    save of K; "" when no single point serves them all (one rank's collectives would meet another's)."""
+    held = [standing.completed for standing in standings.values()]
+    step = max(held) if held else -1
+
+    def place(standing: Standing) -> str:
+        if standing.saving:
+            return SAVE if standing.completed == step else ""
+        return {step - 1: LOG, step: STEP}.get(standing.position, "")
+
+    places = {place(standing) for standing in standings.values()}
+    return step, places.pop() if len(places) == 1 else ""
 
 
 def plan(standings: Mapping[int, Standing], groups: list[list[int]]) -> Plan:
-    """The newest completed step among the survivors, and a holder of it in every group (lowest rank)."""
-    held = [standing.completed for standing in standings.values()]
-    step = max(held) if held else -1
+    """The newest completed step among the survivors, where to resume, and a holder of it in every group
+    (lowest rank)."""
+    step, resume = resumption(standings)
     if step < 0:
         return Plan(step, {}, {}, "no survivor holds a completed step")
+    if not resume:
+        where = ", ".join(f"rank {rank}: {standing.completed} completed{', saving' if standing.saving else ''} "
+                          f"at iteration {standing.position}" for rank, standing in sorted(standings.items()))
+        return Plan(step, {}, {}, f"the survivors stand where no single point of the loop serves them all ({where})")
     sources: dict[int, int] = {}
     receivers: dict[int, tuple[int, ...]] = {}
     for index, ranks in enumerate(groups):
@@ -99,4 +129,4 @@ def plan(standings: Mapping[int, Standing], groups: list[list[int]]) -> Plan:
             return Plan(step, {}, {}, f"no surviving holder of step {step} for ranks {ranks}")
         sources[index] = min(holders)
         receivers[index] = tuple(rank for rank in ranks if rank not in holders)
-    return Plan(step, sources, receivers)
+    return Plan(step, sources, receivers, resume=resume)

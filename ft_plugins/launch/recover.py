@@ -140,6 +140,9 @@ class Supervisor:
                     "with rank 0; launch without it")
         try:
             self._connect(worker_group)
+            upcoming = key(self.generation + 1, "abandoned")
+            if self.store.check([upcoming]):  # a worker gave the next generation up (an exception, not a loss)
+                return f"generation {self.generation + 1} was given up: {self.store.get(upcoming).decode()}"
             if self.generation:
                 done = self.store.add(key(self.generation, "done"), 0)
                 world = worker_group.workers[0].world_size

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import copy
 import io
+import logging
 import random
 import sys
+from contextlib import contextmanager
 from typing import Any, Iterator
+
+log = logging.getLogger("ft_plugins.recover")
 
 
 def _megatron(name: str) -> Any:
@@ -30,6 +34,20 @@ def state_at(model: Any, optimizer: Any, scheduler: Any, iteration: int, rng: An
         state_args, _megatron("training.utils").unwrap_model(model), optimizer, scheduler, rng, iteration=iteration)
     state["num_floating_point_operations_so_far"] = flops
     return state
+
+
+@contextmanager
+def without_load(who: str) -> Iterator[None]:
+    """Megatron's ``--load`` / ``--pretrained-checkpoint`` ignored meanwhile: ``who``'s state comes from a peer."""
+    megatron_args = _megatron("training.global_vars").get_args()
+    kept = megatron_args.load, getattr(megatron_args, "pretrained_checkpoint", None)
+    if any(kept):
+        log.warning("recover: %s: --load ignored, the state comes from a peer", who)
+    megatron_args.load = megatron_args.pretrained_checkpoint = None
+    try:
+        yield
+    finally:
+        megatron_args.load, megatron_args.pretrained_checkpoint = kept
 
 
 def send(state: dict[str, Any], receivers: tuple[int, ...], group: Any) -> int:

@@ -81,13 +81,16 @@ class MegatronIntegration:
                             "and its dump when recovery cannot work")
 
     def _recover(self, ttp: Any) -> None:
-        """``recover`` on ttp's built-in engine (its step tracker, its dump as the fallback)."""
+        """``recover`` on ttp's engine: the built-in one's protocol, or MindIO's handlers (its step tracker, its
+        dump as the fallback either way)."""
         recover = self.runtime.running(Recover)
         if recover is None or ttp.engine is None:
             return
-        if ttp.engine != "builtin":
-            self.runtime.disable("recover", "in-place recovery runs on ttp's built-in engine; with MindIO, "
-                                 "MindIO's own repair handlers decide (FT_PLUGINS_TTP_ENGINE=builtin to use it)")
+        if ttp.engine == "mindio":  # MindIO's controller drives the repair through its handlers
+            from ft_plugins.torch.mindio_recover import MindioRecovery
+
+            ttp.mindio.recovery = MindioRecovery(recover, ttp)
+            self._add("recover", *ttp.mindio.recovery.patches())
             return
         from ft_plugins.torch.recover import MegatronRecovery
 

@@ -34,14 +34,18 @@ class MindioDriver:
         self.tracker = tracker
         self.writer = writer
         self.process: TorchProcess | None = None
+        self.recovery: Any = None  # recover's MindIO handlers (:mod:`.mindio_recover`), when recover is on
 
     # -- wrappers (wrapt signature) ----------------------------------------------------------------
     def initialize_distributed(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         try:
             process = TorchProcess(load_framework_api(), self.feature.where)  # imports torch_npu: only now
             # before init_process_group: the launcher's variables are the only source of the rank
-            process.start(env_rank() or 0, int(os.environ.get("WORLD_SIZE", "1")), os.environ)
+            process.start(env_rank() or 0, int(os.environ.get("WORLD_SIZE", "1")), os.environ,
+                          arf=self.recovery is not None)
             self.process = process
+            if self.recovery is not None and process.rebooted():
+                self.recovery.replacing()
         except Exception as exc:  # never into training: the run goes on without dying-gasp saves
             log.warning("ttp: the mindio engine is off for this run: %s: %s", type(exc).__name__, exc)
         return wrapped(*args, **kwargs)
@@ -59,7 +63,8 @@ class MindioDriver:
         replicas = parsed.num_distributed_optimizer_instances if parsed.use_distributed_optimizer else len(dp_ranks)
         layout = ReplicaLayout.build(dp_ranks, replicas)
         handlers = {"save_ckpt": self.save, "rename": self.rename, "exit": self.exit}
-        handlers.update({kind: _declined(kind) for kind in ("stop", "clean", "repair", "rollback", "rebuild_group")})
+        handlers.update(self.recovery.handlers() if self.recovery is not None else
+                        {kind: _declined(kind) for kind in ("stop", "clean", "repair", "rollback", "rebuild_group")})
         handlers["stream_sync"] = _synchronize
         try:
             self.process.wire(dist.get_rank(), layout.mindio_replica_info(), list(dp_ranks), handlers)

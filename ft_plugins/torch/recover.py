@@ -14,6 +14,13 @@ A replacement starts with ``--load`` ignored and its collectives held (the fake 
 ``train``, it has learnt K and the counters at K from the survivors' standings, skipped its data to
 K + 1's batch, and at its first step joins the repair. No checkpoint is written or read.
 
+Every rank resumes at the one point of Megatron's loop where the survivors stand
+(:func:`ft_plugins.recovery.resumption`): step K + 1 from its start; the logging of K (a survivor caught
+after its update of K, e.g. a rank lost inside its own update, or in that logging: the replacement
+starts a step earlier and counts it as done by its peers); or the periodic save of K, which every rank
+runs again from its top (:mod:`.loop`). An exception raised by a rank's own code is not a lost process:
+see :meth:`MegatronRecovery._raised`.
+
 When recovery cannot work (no replacement within the bound, a second fault during the repair, no
 surviving holder of a shard, a group only some object holds) the survivors fall back to ``ttp``'s
 dump, as without this feature, and say why in one line. Continuing with fewer data-parallel ranks
@@ -22,11 +29,10 @@ when no replacement comes (elastic training) belongs in :meth:`MegatronRecovery.
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
+import signal
 import time
-import traceback
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -34,9 +40,11 @@ from ft_plugins import faults
 from ft_plugins.features.recover import Recover
 from ft_plugins.patching import Patch
 from ft_plugins.rank import global_rank, is_rank_zero
-from ft_plugins.recovery import Standing, key, namespace, plan, replacement, supervised
-from ft_plugins.steps import FORWARD, UPDATED
-from ft_plugins.torch.handover import Batches, apply, receive, send, set_rng, state_at
+from ft_plugins.recovery import (LOG, SAVE as SAVING, STEP, Standing, key, namespace, plan, replacement, resumption,
+                                 supervised)
+from ft_plugins.steps import FORWARD, IDLE, UPDATED
+from ft_plugins.torch import loop
+from ft_plugins.torch.handover import Batches, apply, receive, send, set_rng, state_at, without_load
 from ft_plugins.torch.regroup import Regroup
 from ft_plugins.torch.state import current_iteration, megatron
 from ft_plugins.torch.ttp import MegatronTtp
@@ -46,7 +54,9 @@ log = logging.getLogger("ft_plugins.recover")
 
 TRAINING = "megatron.training.training"
 POLL = 0.02  # seconds between looks at the store while waiting
-REPEAT, BEHIND = "repeat", "behind"  # after a repair: run the step again, or count it as done by a peer
+# after a repair: run the step again, count it as done by a peer (then log it), or run the save of K again
+REPEAT, BEHIND, SAVE = "repeat", "behind", "save"
+OUTCOME = {STEP: REPEAT, LOG: BEHIND, SAVING: SAVE}
 
 
 class Fallback(RuntimeError):
@@ -68,40 +78,33 @@ class MegatronRecovery:
         self.store: Any = None
         self.objects: tuple[Any, Any, Any] | None = None  # model, optimizer, scheduler
         self.batches: Batches | None = None
+        self.loop: tuple[Any, Any] = (None, None)  # train()'s checkpointing context and data iterator
         self.refusal = ""
         self.result_size = 8  # train_step's tuple in megatron-core 0.17
 
     def patches(self) -> tuple[Patch, ...]:
-        return (Patch("torch.distributed.distributed_c10d", "init_process_group", self.regroup.init_process_group),
-                Patch("torch.distributed.distributed_c10d", "new_group", self.regroup.new_group),
-                Patch("megatron.core.parallel_state", "initialize_model_parallel",
-                      self.regroup.initialize_model_parallel),
+        return (*self.regroup.patches(),
                 Patch(TRAINING, "setup_model_and_optimizer", self.setup_model_and_optimizer),
                 Patch(TRAINING, "train", self.train),
-                Patch(TRAINING, "train_step", self.train_step))
+                Patch(TRAINING, "train_step", self.train_step),
+                Patch(TRAINING, "training_log", self.training_log),
+                Patch(TRAINING, "save_checkpoint_and_time", self.save_checkpoint_and_time))
 
     # -- hooks -------------------------------------------------------------------------------------
     def setup_model_and_optimizer(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         """A replacement reads no checkpoint: its state comes from a peer."""
         if self.joined:
             return wrapped(*args, **kwargs)
-        megatron_args = megatron("training.global_vars").get_args()
-        load, pretrained = megatron_args.load, getattr(megatron_args, "pretrained_checkpoint", None)
-        if load or pretrained:
-            log.warning("recover: replacement of rank %s: --load ignored, the state comes from a peer",
-                        os.environ.get("RANK"))
-        megatron_args.load = megatron_args.pretrained_checkpoint = None
-        try:
+        with without_load(f"replacement of rank {os.environ.get('RANK')}"):
             return wrapped(*args, **kwargs)
-        finally:
-            megatron_args.load, megatron_args.pretrained_checkpoint = load, pretrained
 
     def train(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         if not supervised(os.environ):  # ttp alone handles a failure, as without this feature
             _rank_zero("recover: no launcher replaces a lost worker here (launch with `ft-plugins run -- torchrun "
                        "...`, recover in FT_PLUGINS); a failure is ttp's alone")
             return wrapped(*args, **kwargs)
-        names = ("forward_step_func", "model", "optimizer", "opt_param_scheduler", "train_data_iterator")
+        names = ("forward_step_func", "model", "optimizer", "opt_param_scheduler", "train_data_iterator",
+                 "valid_data_iterator", "process_non_loss_data_func", "config", "checkpointing_context")
         given = {**dict(zip(names, args)), **kwargs}
         self.refusal = self._unsupported(given["train_data_iterator"])
         if self.refusal:
@@ -112,44 +115,93 @@ class MegatronRecovery:
             return wrapped(*args, **kwargs)
         self.objects = (given["model"], given["optimizer"], given["opt_param_scheduler"])
         iterator = given["train_data_iterator"]
+        self.loop = (given.get("checkpointing_context"), iterator)
         if hasattr(iterator, "iterable"):  # megatron's RerunDataIterator: keep it, read through ours
             self.batches = iterator.iterable = Batches(iterator.iterable)
         else:
             self.batches = Batches(iterator)
-            args, kwargs = _replaced(args, kwargs, 4, "train_data_iterator", self.batches)
+            args, kwargs = loop.replaced(args, kwargs, 4, "train_data_iterator", self.batches)
         if not self.joined:
             self._enter()
-        return wrapped(*args, **kwargs)
+        result = wrapped(*args, **kwargs)
+        if not self.joined:  # no step was left to run: the survivors stand in the loop's save of the last one
+            self._join(megatron("training.global_vars").get_args().iteration)
+        return result
 
     def train_step(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         iteration = current_iteration(args, kwargs)
         if self.batches is None and not self.refusal:  # train() was not seen: not a run this handles
             return wrapped(*args, **kwargs)
-        if not self.joined:
-            self.tracker.mark_torn()  # nothing here is worth a dump until the state came
-            self._repair(iteration, None)
+        if not self.joined and self._join(iteration) == BEHIND:
+            return self._done_by_peer()
         if self.batches is not None:
             self.batches.begin_step()
         while True:
-            result, reason = _attempt(wrapped, args, kwargs)
+            result, reason, own = loop.attempt(wrapped, args, kwargs)
             if reason is None:
                 self.result_size = len(result) if isinstance(result, tuple) else self.result_size
                 return result
-            if self._recover(iteration, reason) == BEHIND:
-                return ({}, 0, False, False, 0, None, None, 0, *([None] * 8))[:self.result_size]
+            if own:
+                self._raised(reason, f"step {iteration + 1}")
+            if self._recover(iteration, reason, f"step {iteration + 1}") == BEHIND:
+                return self._done_by_peer()
+
+    def training_log(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        """The loop's logging of step K has collectives (a barrier, a maximum, the timers' gather): a rank lost
+        meanwhile is repaired as for a rank caught after its update of K, and the logging runs again."""
+        if self.batches is None or not self.joined:
+            return wrapped(*args, **kwargs)
+        iteration = kwargs["iteration"] if "iteration" in kwargs else args[3]
+        return self._again(wrapped, args, kwargs, iteration - 1, f"the log of step {iteration}")
+
+    def save_checkpoint_and_time(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        """A periodic save a lost rank interrupted is repaired like a step, then run again (:mod:`.loop`)."""
+        if self.batches is None or not self.joined:
+            return wrapped(*args, **kwargs)
+        iteration = loop.iteration_of(args, kwargs)
+        if kwargs.get("non_persistent_ckpt"):  # not run again: the replacement cannot tell it from a persistent one
+            return self._again(wrapped, args, kwargs, iteration, f"the non-persistent save of step {iteration}", None)
+        return self._again(wrapped, args, kwargs, iteration, f"the save of step {iteration}", True)
+
+    def _again(self, wrapped: Callable[..., Any], args: tuple, kwargs: dict, position: int, where: str,
+               saving: bool | None = False) -> Any:
+        """Run a part of the loop after the step (its logging, its save); a rank lost in it is repaired, then
+        the part runs again from its top on every rank (``saving`` None: the dump instead)."""
+        while True:
+            result, reason, own = loop.attempt(wrapped, args, kwargs)
+            if reason is None:
+                return result
+            if own:
+                self._raised(reason, where)
+            if saving is None:
+                self._fall_back(self.generation + 1, f"{reason} in {where}")
+            self._recover(position, reason, where, saving=bool(saving))
+            loop.timers_as_before()
+
+    def _done_by_peer(self) -> tuple:
+        return loop.done_by_peer(self.result_size)
 
     # -- the protocol ------------------------------------------------------------------------------
-    def _recover(self, iteration: int, reason: str) -> str:
+    def _join(self, iteration: int) -> str:
+        """The replacement joins where the loop stands after ``iteration`` steps; if the survivors were in
+        the save of that step, it runs that save with them."""
+        self.tracker.mark_torn()  # nothing here is worth a dump until the state came
+        outcome = self._repair(None)
+        if outcome == SAVE:
+            loop.save_as_the_loop(iteration, self.objects, *self.loop)
+        return outcome
+
+    def _recover(self, iteration: int, reason: str, where: str, saving: bool = False) -> str:
         """A survivor's side: hold, wait for the replacement, repair. Falls back to the dump (no return)."""
         import torch.distributed as dist
 
         rank, world = dist.get_rank(), dist.get_world_size()
         started = time.monotonic()
         standing, snapshot = self._standing(iteration)
+        standing = standing._replace(saving=saving)
         generation = self.generation + 1
-        log.warning("recover: rank %d (pid %d) caught %s in step %d (%d steps completed here); waiting for a "
-                    "replacement",
-                    rank, os.getpid(), reason, iteration + 1, standing.completed)
+        log.warning("recover: rank %d (pid %d) caught %s in %s (%d steps completed here); waiting for a "
+                    "replacement", rank, os.getpid(), reason, where, standing.completed)
         try:
             with self._quiet():
                 if self.refusal:
@@ -160,12 +212,12 @@ class MegatronRecovery:
                 store.set(key(generation, f"state/{rank}"), standing.encode())
                 self._await(generation, "joined", "the replacement")
             self.generation = generation
-            return self._repair(iteration, (standing, snapshot), started)
+            return self._repair((standing, snapshot), started)
         except Exception as exc:  # Fallback, or a second fault while repairing
             self._fall_back(generation, f"{type(exc).__name__}: {exc}" if not isinstance(exc, Fallback) else str(exc))
             raise  # not reached: the dump exits
 
-    def _repair(self, iteration: int, mine: tuple[Standing, Any] | None, started: float | None = None) -> str:
+    def _repair(self, mine: tuple[Standing, Any] | None, started: float | None = None) -> str:
         """Every rank of the generation: rebuild the groups, agree on K, hand over, stand at K."""
         import torch.distributed as dist
 
@@ -190,7 +242,7 @@ class MegatronRecovery:
                 decided = plan(standings, groups)
                 if decided.refusal:
                     raise Fallback(decided.refusal)
-                outcome = self._hand_over(rank, decided, groups.index(members), mine, iteration)
+                outcome = self._hand_over(rank, decided, groups.index(members), mine)
                 store.add(key(generation, "done"), 1)
         except Exception as exc:
             self._fall_back(generation, str(exc) if isinstance(exc, Fallback) else f"{type(exc).__name__}: {exc}")
@@ -202,7 +254,7 @@ class MegatronRecovery:
                         time.monotonic() - started, decided.step, decided.step + 1)
         return outcome
 
-    def _hand_over(self, rank: int, decided: Any, index: int, mine: tuple[Standing, Any] | None, iteration: int) -> str:
+    def _hand_over(self, rank: int, decided: Any, index: int, mine: tuple[Standing, Any] | None) -> str:
         """Send or receive the state at K inside this data-parallel group; leave this rank at exactly K."""
         mpu = megatron("core.parallel_state")
         group = mpu.get_data_parallel_group_gloo(with_context_parallel=True) or mpu.get_data_parallel_group(
@@ -215,15 +267,17 @@ class MegatronRecovery:
             sent = send(state_at(model, optimizer, scheduler, completed, rng, consumed, mine[0].flops), receivers, group)
             log.warning("recover: rank %d sent the state of step %d (%.1f MB) to rank%s %s", rank, completed,
                         sent / 1e6, "" if len(receivers) == 1 else "s", ", ".join(map(str, receivers)))
-        if mine is None:  # the replacement: its counters were set at train; the step runs as usual
+        outcome = OUTCOME[decided.resume]
+        if mine is None:  # the replacement: its counters were set at train to where every rank resumes
             state = receive(source, group)
             with self.tracker.holding():
                 apply(state, model, optimizer, scheduler)
-                self._align(FORWARD, state["rng_state"])
-            return REPEAT
-        outcome = REPEAT if decided.step == iteration else BEHIND if decided.step == iteration + 1 else ""
-        if not outcome:
-            raise Fallback(f"step {decided.step} is not within one step of this rank's {iteration}")
+                self._align(UPDATED if outcome == BEHIND else FORWARD, state["rng_state"])
+            if outcome == BEHIND:
+                self.batches.finish(per_step)
+            return outcome
+        if outcome == SAVE:  # every survivor stands in the save of K, holding K whole: nothing else moves
+            return SAVE
         with self.tracker.holding():
             if rank in receivers:
                 state = receive(source, group)
@@ -233,10 +287,11 @@ class MegatronRecovery:
                 rng = mine[1][2]
                 if outcome == REPEAT:
                     set_rng(rng)
-            self._align(FORWARD if outcome == REPEAT else UPDATED, rng)
+            if self.tracker.phase != IDLE:  # idle: caught in the logging of a step it completed, nothing moved
+                self._align(FORWARD if outcome == REPEAT else UPDATED, rng)
         if outcome == REPEAT:
             self.batches.rewind()
-            _rerun_anew()
+            loop.rerun_anew()
         else:
             self.batches.finish(per_step)
         return outcome
@@ -251,13 +306,33 @@ class MegatronRecovery:
         except Fallback as exc:
             log.error("recover: replacement of rank %s cannot join: %s", os.environ.get("RANK"), exc)
             raise SystemExit(EXIT_ON_ERROR) from None
-        newest = max(standings.values(), key=lambda standing: standing.completed)
-        megatron_args.iteration = newest.completed
-        megatron_args.consumed_train_samples = newest.consumed
-        megatron_args.num_floating_point_operations_so_far = newest.flops
-        self.batches.skip(newest.completed * megatron("core.num_microbatches_calculator").get_num_microbatches())
+        step, resume = resumption(standings)
+        if not resume:  # the survivors refuse it too, and fall back
+            log.error("recover: replacement of rank %s cannot join: the survivors stand where no single point of "
+                      "the loop serves them all", os.environ.get("RANK"))
+            raise SystemExit(EXIT_ON_ERROR)
+        newest = next(standing for standing in standings.values() if standing.completed == step)
+        behind = 1 if resume == LOG else 0  # it runs the end of step K with the survivors: it starts as at K - 1
+        per_step = megatron("core.num_microbatches_calculator").get_num_microbatches()
+        data_parallel = megatron("core.parallel_state").get_data_parallel_world_size()
+        samples = data_parallel * megatron_args.micro_batch_size * per_step
+        flops = megatron("training.training").num_floating_point_operations(megatron_args, samples)
+        megatron_args.iteration = step - behind
+        megatron_args.consumed_train_samples = newest.consumed - behind * samples
+        megatron_args.num_floating_point_operations_so_far = newest.flops - behind * flops
+        self.batches.skip((step - behind) * per_step)
         log.warning("recover: replacement of rank %s (generation %d) starts at step %d, as the survivors",
-                    os.environ.get("RANK"), self.generation, newest.completed + 1)
+                    os.environ.get("RANK"), self.generation, step + 1 - behind)
+
+    def _raised(self, reason: str, where: str) -> None:
+        """This rank's own code raised, in no collective: no process is lost, so there is nothing to replace,
+        and running the step again in place would meet the same exception whenever it comes from the data or
+        the code. So what ``ttp`` does for an exception (the dump of K, then torchrun's handling), at once:
+        the generation is abandoned on the store and this rank's groups shut down before it dumps, so the
+        peers blocked in a collective with it fail within milliseconds and fall back too, instead of each
+        waiting for a replacement until the timeout."""
+        self._fall_back(self.generation + 1, f"rank {global_rank()} raised {reason} in {where}: an exception, "
+                        "not a lost process, so there is nothing to replace")
 
     def _fall_back(self, generation: int, reason: str) -> None:
         """What happens today: ``ttp``'s dump of the last completed step, then exit (whole-job restart).
@@ -271,6 +346,9 @@ class MegatronRecovery:
                 self.regroup.hold(dist.get_rank(), dist.get_world_size(), _holding_store(self._store()), self._roots())
         except Exception as exc:
             log.info("recover: groups not held before the dump: %s: %s", type(exc).__name__, exc)
+        # the data loader's SIGCHLD handler raises here when its workers end (torchrun's SIGTERM reaches
+        # them), which would cut the dump short: this process no longer cares about its children
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         self.gasp.fire(f"recover fell back ({reason})", EXIT_ON_ERROR)
 
     # -- helpers -----------------------------------------------------------------------------------
@@ -354,30 +432,3 @@ def _holding_store(store: Any) -> Any:
 def _rank_zero(message: str, *values: Any) -> None:
     if is_rank_zero():
         log.warning(message, *values)
-
-
-def _rerun_anew() -> None:
-    """Megatron's rerun state machine saw the failed attempt begin: the step starts over for it too."""
-    rerun = megatron("core.rerun_state_machine")
-    machine = rerun.get_rerun_state_machine()
-    if machine.state != rerun.RerunState.NOT_RUNNING_YET:
-        machine.state = rerun.RerunState.NOT_RUNNING_YET
-        machine.current_iteration -= 1
-
-
-def _attempt(wrapped: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Any, str | None]:
-    """Run the step; on failure return only a description: the exception, its traceback and the frames'
-    pending work are released before anybody waits."""
-    try:
-        return wrapped(*args, **kwargs), None
-    except Exception as exc:
-        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
-        traceback.clear_frames(exc.__traceback__)
-    gc.collect()
-    return None, reason
-
-
-def _replaced(args: tuple, kwargs: dict, index: int, name: str, value: Any) -> tuple[tuple, dict]:
-    if name in kwargs:
-        return args, {**kwargs, name: value}
-    return (*args[:index], value, *args[index + 1:]), kwargs

@@ -20,6 +20,8 @@ import threading
 from datetime import timedelta
 from typing import Any, Callable, Iterable
 
+from ft_plugins.patching import Patch
+
 log = logging.getLogger("ft_plugins.recover")
 
 DESTROY_BOUND = 10.0  # seconds; measured: destroying a broken gloo group takes <= 30 ms
@@ -60,6 +62,12 @@ class Regroup:
         self.fake = False  # new groups are made on the fake backend
         self.sockets: set[str] = set()  # the real groups' connections (/proc/self/fd link names)
 
+    def patches(self) -> tuple[Patch, ...]:
+        """Where Megatron's groups are made: recorded (layout, connections), or held on the fake backend."""
+        return (Patch("torch.distributed.distributed_c10d", "init_process_group", self.init_process_group),
+                Patch("torch.distributed.distributed_c10d", "new_group", self.new_group),
+                Patch("megatron.core.parallel_state", "initialize_model_parallel", self.initialize_model_parallel))
+
     # -- hooks (wrapt signature) -------------------------------------------------------------------
     def initialize_model_parallel(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         if self.layout is None:
@@ -87,6 +95,10 @@ class Regroup:
             return wrapped(*args, **kwargs)
         finally:
             self.sockets |= _sockets() - before
+
+    def interrupt(self) -> None:
+        """Shut this process's group connections down: a collective pending in another thread fails now."""
+        _shut_down(self.sockets)
 
     # -- the two states ----------------------------------------------------------------------------
     def hold(self, rank: int, world: int, store: Any, roots: Iterable[Any]) -> list[str]:

@@ -36,6 +36,8 @@ PORT_VAR = "TTP_PORT"  # MindCluster's job templates set it beside port 8000 (`t
 TASK_ID_VAR = "MINDX_TASK_ID"
 EXPORT_VERSION = "MindSpeed-LLM"  # one of the two values MindIO accepts; selects the Megatron-style dump
 HANDLERS = ("save_ckpt", "rename", "exit", "stop", "clean", "repair", "rollback", "rebuild_group", "stream_sync")
+RET_OK, RET_ERROR = 0, 1  # what MindIO's handlers answer (clean returns it; the others raise for RET_ERROR)
+ARF_FINISH = "ARF FINISH"  # a replacement raises it from train: MindIO then rebuilds, repairs, rolls back
 _ITEM = r"^([A-Z]+):([0-9])$"  # compiled on first use (re caches it), not at import
 
 
@@ -132,14 +134,20 @@ class TorchProcess:
         self.api = api
         self.where = where
 
-    def start(self, rank: int, world_size: int, env: Mapping[str, str]) -> None:
-        """Before ``init_process_group``: the controller (rank 0 without TaskD), then this rank's processor."""
+    def start(self, rank: int, world_size: int, env: Mapping[str, str], arf: bool = False) -> None:
+        """Before ``init_process_group``: the controller (rank 0 without TaskD), then this rank's processor;
+        ``arf``: MindIO replaces a lost process and drives the repair handlers (the ``recover`` strategy)."""
         tls = bool(self.where.tls_info)
         if rank == 0 and not env.get(TASK_ID_VAR, "").strip():
-            self.api.tft_init_controller(rank, world_size, False)
+            self.api.tft_init_controller(rank, world_size, False, enable_arf=arf)
             self.api.tft_start_controller(self.where.controller, self.where.port, tls, self.where.tls_info)
-        self.api.tft_init_processor(rank, world_size, False, enable_tls=tls, tls_info=self.where.tls_info)
+        self.api.tft_init_processor(rank, world_size, False, enable_tls=tls, tls_info=self.where.tls_info,
+                                    enable_arf=arf)
         self.api.tft_start_processor(self.where.processor, self.where.port)
+
+    def rebooted(self) -> bool:
+        """Whether MindIO started this process to replace a lost one (it then joins through the handlers)."""
+        return bool(self.api.tft_is_reboot_node())
 
     def wire(self, rank: int, replica_info: list[dict[str, object]], dp_ranks: list[int],
              handlers: Mapping[str, Callable[..., Any]]) -> None:
@@ -162,3 +170,39 @@ class TorchProcess:
 
     def pause(self, step: int) -> None:
         self.api.tft_pause_train(step)
+
+
+def repair_type(name: str) -> Any:
+    """The value of MindIO's ``RepairType.<name>`` (e.g. ``RT_SEND``), as the repair context carries it."""
+    return load_framework_api().RepairType[name].value
+
+
+def optimizer_type(name: str) -> Any:
+    """The value of MindIO's ``OptimizerType.<name>`` (``ATTENTION``: the dense optimizer, ``MOE``: experts')."""
+    return load_framework_api().OptimizerType[name].value
+
+
+def npu_device() -> Any:
+    """torch_npu's device module where it offers MindIO's device stop and restart, else None (CPU, CUDA)."""
+    if importlib.util.find_spec("torch_npu") is None:
+        return None
+    npu = importlib.import_module("torch_npu").npu
+    return npu if hasattr(npu, "stop_device") and hasattr(npu, "restart_device") else None
+
+
+def stop_device() -> bool:
+    """Stop this process's NPU (its pending work then fails in the training thread); False without one."""
+    npu = npu_device()
+    if npu is None:
+        return False
+    npu.stop_device(npu.current_device())
+    return True
+
+
+def restart_device() -> bool:
+    """Restart this process's NPU after a stop (its memory is kept); False without one."""
+    npu = npu_device()
+    if npu is None:
+        return False
+    npu.restart_device(npu.current_device(), rebuild_all_resources=False)
+    return True

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ft_plugins.faults import Fault, parse_faults, planned
-from ft_plugins.recovery import Standing, plan, replacement, supervised
+from ft_plugins.recovery import LOG, SAVE, STEP, Standing, plan, replacement, supervised
 
 DP4 = [[0, 1, 2, 3]]
 TP2_DP2 = [[0, 2], [1, 3]]
@@ -23,6 +23,24 @@ def test_every_data_parallel_group_needs_a_surviving_holder_of_the_step() -> Non
     assert plan(_at(3, 3, 3, lost=1), TP2_DP2).sources == {0: 0, 1: 3}
     refused = plan({0: Standing(3, 3, 0, 0.0), 2: Standing(3, 3, 0, 0.0), 3: Standing(2, 3, 0, 0.0)}, TP2_DP2)
     assert refused.refusal == "no surviving holder of step 3 for ranks [1, 3]"
+
+
+def test_every_rank_resumes_at_the_one_point_of_the_loop_where_the_survivors_stand() -> None:
+    at_step = {0: Standing(3, 3, 0, 0.0), 2: Standing(3, 3, 0, 0.0)}  # in step 4, 3 completed
+    assert plan(at_step, [[0, 1, 2]]).resume == STEP
+    after_update = {0: Standing(3, 2, 0, 0.0), 2: Standing(2, 2, 0, 0.0)}  # in step 3 after / before its update
+    assert (plan(after_update, [[0, 1, 2]]).resume, plan(after_update, [[0, 1, 2]]).receivers) == (LOG, {0: (1, 2)})
+    saving = {0: Standing(3, 3, 0, 0.0, True), 2: Standing(3, 3, 0, 0.0, True)}
+    assert plan(saving, [[0, 1, 2]]).resume == SAVE
+
+
+def test_survivors_no_single_point_serves_are_refused() -> None:
+    mixed = {0: Standing(3, 3, 0, 0.0, True), 2: Standing(3, 3, 0, 0.0)}  # one in the save of 3, one in step 4
+    assert plan(mixed, [[0, 1, 2]]).refusal.startswith("the survivors stand where no single point of the loop serves")
+    apart = {0: Standing(3, 3, 0, 0.0), 2: Standing(3, 2, 0, 0.0)}  # one in step 4, one still in step 3's end
+    assert "rank 2: 3 completed at iteration 2" in plan(apart, [[0, 1, 2]]).refusal
+    late_save = {0: Standing(3, 3, 0, 0.0, True), 2: Standing(2, 2, 0, 0.0, True)}
+    assert plan(late_save, [[0, 1, 2]]).refusal
 
 
 def test_a_torn_state_counts_as_holding_nothing() -> None:

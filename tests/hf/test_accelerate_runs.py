@@ -1,9 +1,12 @@
-"""Real Accelerate jobs in successive processes (automatic checkpoint naming, ``total_limit=1``): a job
-killed inside ``save_state`` keeps the previous checkpoint, and the next process loads it and saves;
-stock Accelerate deletes the previous checkpoint first and leaves an empty folder for the next ``load_state()``."""
+"""Real 2-rank Accelerate jobs (torchrun, gloo) in successive launches (automatic checkpoint naming,
+``total_limit=1``): a job whose rank 0 is killed inside ``save_state`` keeps the previous checkpoint, and the
+next 2-rank job loads it and saves; stock Accelerate deletes the previous checkpoint before it writes the new
+one, and the same kill leaves nothing for the next ``load_state()``. A finished job drains its gloo collectives
+and destroys its process group at exit."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -12,7 +15,7 @@ from pathlib import Path
 import torch
 from hf_runs import FT_PLUGINS
 
-from support import PYTHON, REPO
+from support import REPO, TORCHRUN, free_port
 
 from ft_plugins.checkpoint import verify
 
@@ -20,11 +23,13 @@ JOB = Path(__file__).resolve().parent / "fixtures" / "accelerate_job.py"
 
 
 def _job(project: Path, *args: str, ft: bool, fault: str = "") -> subprocess.CompletedProcess:
+    """One 2-rank launch of the job; output (stdout and stderr together) on stdout."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "FT_FAKE", "TORCHELASTIC"))}
     env = {**clean, "PYTHONPATH": str(REPO), "FT_PLUGINS": "resume" if ft else "none",
            **({"FT_PLUGINS_INJECT_FAULT": fault} if fault else {})}
-    return subprocess.run([FT_PLUGINS, "run", "--", PYTHON, str(JOB), str(project), *args], env=env,
-                          capture_output=True, text=True, timeout=300)
+    command = [FT_PLUGINS, "run", "--", TORCHRUN, "--nproc-per-node", "2", "--master-port", str(free_port()),
+               str(JOB), str(project), *args]
+    return subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
 
 
 def _equal(first: Path, second: Path) -> bool:
@@ -32,26 +37,37 @@ def _equal(first: Path, second: Path) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
 
 
-def test_a_job_killed_inside_save_state_keeps_its_previous_checkpoint(tmp_path: Path) -> None:
+def test_a_rank_killed_inside_save_state_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
     first = tmp_path / "first"
-    assert _job(first, ft=True).returncode == 0
+    saved = _job(first, ft=True)
+    assert saved.returncode == 0, saved.stdout[-3000:]
     checkpoints = first / "checkpoints"
     assert verify(checkpoints / "checkpoint_0").intact
+    assert {f"random_states_{rank}.pkl" for rank in (0, 1)} <= set(os.listdir(checkpoints / "checkpoint_0"))
+    # the finished gloo job's exit drain (ft_plugins.torch.hf.clean_exit): on each rank the process group was
+    # destroyed before the job's own last exit handler ran
+    for rank in (0, 1):
+        assert json.loads((first / f"exit-{rank}.json").read_text()) == {"process_group_up": False}, rank
     shutil.copy(first / "trained.pt", tmp_path / "saved.pt")
     stock, ft = tmp_path / "stock", tmp_path / "ft"
     for project in (stock, ft):
         shutil.copytree(first, project)
-    # stock: the new process counts from 0 again and prunes checkpoint_0 before writing the new one into it;
-    # all that is left is that empty folder, which the next stock load_state() takes
+    # stock: the new job counts from 0 again and rank 0 deletes checkpoint_0 before anything of the new save is
+    # written; then either the kill fires as rank 0 starts writing into a new checkpoint_0, or rank 1 found
+    # the old checkpoint_0 before rank 0 deleted it and refused ("already exists"). No model is left for the
+    # next stock load_state()
     killed = _job(stock, "--load", ft=False, fault="rank=0,step=0,kind=kill,at=save")
-    assert killed.returncode != 0 and os.listdir(stock / "checkpoints") == ["checkpoint_0"]
-    assert os.listdir(stock / "checkpoints" / "checkpoint_0") == []
+    assert killed.returncode != 0, killed.stdout[-3000:]
+    assert "firing injected fault" in killed.stdout or "checkpoint_0 (0) already exists" in killed.stdout
+    assert not [path for path in (stock / "checkpoints").rglob("*") if path.name.startswith(("model", "optimizer"))]
     # ft_plugins: the counter continues from disk (checkpoint_1); nothing pruned before the new save is committed
     killed = _job(ft, "--load", ft=True, fault="rank=0,step=1,kind=kill,at=save")
-    assert killed.returncode != 0 and "firing injected fault" in killed.stderr, killed.stderr[-3000:]
+    assert killed.returncode != 0 and "firing injected fault" in killed.stdout, killed.stdout[-3000:]
     assert verify(ft / "checkpoints" / "checkpoint_0").intact
+    assert not verify(ft / "checkpoints" / "checkpoint_1").intact
     resumed = _job(ft, "--load", ft=True)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"skipped {ft / 'checkpoints' / 'checkpoint_1'}" in resumed.stderr
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert len([line for line in resumed.stdout.splitlines()
+                if f"skipped {ft / 'checkpoints' / 'checkpoint_1'}" in line]) == 1  # rank 0 decides for both
     assert _equal(ft / "loaded.pt", tmp_path / "saved.pt")
     assert sorted(os.listdir(ft / "checkpoints")) == ["checkpoint_2"] and verify(ft / "checkpoints" / "checkpoint_2").intact

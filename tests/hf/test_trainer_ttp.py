@@ -2,16 +2,20 @@
 ``resume_from_checkpoint=True`` from the checkpoint the previous fault left, the last one ends
 bit-identical (model and optimizer) to the uninterrupted reference. Faults: rank 1 SIGKILLed in forward,
 in its optimizer update, while writing its part of a save, and SIGTERM to torchrun while a rank hangs.
-Negative control: the first fault without ft_plugins leaves nothing to resume from."""
+Negative control: the same faults without ft_plugins, in one torchrun launch restarting its workers after each
+(each attempt resumes stock-style from what the previous one left): every step since the last periodic save lost.
+(The kill while writing a save, stock: the rotation race's stock job in test_trainer_runs.py, which leaves
+``checkpoint-8`` without rank 1's RNG file.)"""
 
 from __future__ import annotations
 
 import signal
 from pathlib import Path
+from typing import Any
 
 from hf_runs import Job, run_trainer, same_state, start_trainer
 
-from ft_plugins.checkpoint import find_latest, verify
+from ft_plugins.checkpoint import verify
 from ft_plugins.checkpoint.manifest import MANIFEST
 
 TTP = {"FT_PLUGINS": "resume,ttp"}
@@ -31,32 +35,48 @@ def _dumped(job: Job, step: int) -> None:
     assert {f"rng_state_{rank}.pth" for rank in (0, 1)} <= {path.name for path in checkpoint.iterdir()}
 
 
-def _sigterm_while_rank_1_hangs(workdir: Path, out: Path) -> Job:
-    process, final = start_trainer(workdir, out, *ARGS, FT_PLUGINS_INJECT_FAULT="rank=1,step=10,kind=hang", **TTP)
+# stock, one launch: torchrun restarts the workers after each kill (TORCHELASTIC_RESTART_COUNT = the attempt)
+STOCK_CHAIN = ("rank=1,step=3,kind=kill,at=forward", "rank=1,step=5,kind=kill,at=update,attempt=1",
+               "rank=1,step=10,kind=hang,attempt=2")
+
+
+def _sigterm_while_rank_1_hangs(workdir: Path, out: Path, fault: str, launcher: tuple[str, ...] = (),
+                                **env: Any) -> Job:
+    """Started with ``fault`` (the last one a hang), SIGTERM to torchrun once the hang fires."""
+    process, final = start_trainer(workdir, out, *ARGS, launcher=launcher, FT_PLUGINS_INJECT_FAULT=fault, **env)
     lines = []
     assert process.stdout is not None
     for line in process.stdout:
         lines.append(line)
-        if "firing injected fault" in line:
+        if "firing injected fault" in line and "kind=hang" in line:
             process.send_signal(signal.SIGTERM)  # to torchrun, which forwards it to both ranks
             break
     rest, _ = process.communicate(timeout=300)
     return Job(process.returncode, "".join(lines) + rest, out, final)
 
 
+def _stock_chain_loses_every_step_since_the_last_save(workdir: Path) -> None:
+    stock = _sigterm_while_rank_1_hangs(workdir, workdir / "stock", ";".join(STOCK_CHAIN), ft=False,
+                                        launcher=("--standalone", "--max-restarts", str(len(STOCK_CHAIN) - 1)))
+    fired = stock.lines("firing injected fault")
+    assert stock.returncode != 0 and len(fired) == len(STOCK_CHAIN), stock.output[-4000:]
+    assert all(f"attempt={attempt}" in line for attempt, line in enumerate(fired))
+    assert not stock.lines("dumped")
+    # forward at 3: nothing (ft_plugins: checkpoint-3); update at 5: back to 4 (ft_plugins: 6); SIGTERM at 10:
+    # back to 8 (ft_plugins: 10). Only the periodic saves remain.
+    assert sorted(path.name for path in stock.out.glob("*checkpoint-*")) == ["checkpoint-4", "checkpoint-8"]
+
+
 def test_each_fault_leaves_the_last_completed_step_and_the_chain_ends_bit_identical(
         reference: Job, tmp_path: Path) -> None:
-    stock = run_trainer(tmp_path, tmp_path / "stock", *ARGS, ft=False, FT_PLUGINS_INJECT_FAULT=CHAIN[0][0])
-    assert stock.returncode != 0 and stock.lines("firing injected fault")
-    assert not stock.out.exists() or find_latest(stock.out).path is None  # stock: 3 steps lost
-
+    _stock_chain_loses_every_step_since_the_last_save(tmp_path)
     out = tmp_path / "out"
     for number, (fault, step) in enumerate(CHAIN):
         job = run_trainer(tmp_path, out, *ARGS, FT_PLUGINS_INJECT_FAULT=fault, **TTP)
         _dumped(job, step)
         if number:
             assert job.lines(f"newest checkpoint {out / f'checkpoint-{CHAIN[number - 1][1]}'} is intact")
-    job = _sigterm_while_rank_1_hangs(tmp_path, out)
+    job = _sigterm_while_rank_1_hangs(tmp_path, out, "rank=1,step=10,kind=hang", **TTP)
     _dumped(job, 10)
     assert job.lines("SIGTERM: rank")
     final = run_trainer(tmp_path, out, *ARGS, **TTP)

@@ -15,11 +15,8 @@ import sys
 
 import pytest
 
-from ttp_runs import ITERS, Job, Launch, committed_dump, resumed_to_the_end, same_as_reference
+from ttp_runs import ITERS, SHARDS, TP, Job, committed_dump, resumed_to_the_end, same_as_reference
 
-# megatron's argument check demands CUDA_DEVICE_MAX_CONNECTIONS=1 for TP > 1
-TP = Launch(4, ("--tensor-model-parallel-size", "2"), (("CUDA_DEVICE_MAX_CONNECTIONS", "1"),))
-SHARDS = ("mp_rank_00", "mp_rank_01")
 FAR = ("--save-interval", "100")
 TTP = {"FT_PLUGINS": "ttp,resume"}
 STEP = 3
@@ -27,10 +24,8 @@ MISSING = "dying-gasp dump never committed: shard mp_rank_01 missing (no survivo
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Job:
-    job = TP.reference(tmp_path_factory.mktemp("tp_reference"))
-    assert sorted(path.name for path in job.iteration(ITERS).iterdir()) == list(SHARDS)
-    return job
+def reference(tp_reference: Job) -> Job:
+    return tp_reference
 
 
 @pytest.fixture(scope="module")

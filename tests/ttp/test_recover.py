@@ -1,45 +1,48 @@
-"""In-place recovery (``recover``) on real 4-rank torchrun runs of Megatron's ``pretrain()`` (CPU, gloo, DP=4),
+"""In-place recovery (``recover``) on real 4-rank torchrun runs of Megatron's ``pretrain()`` (CPU, gloo),
 launched as ``ft-plugins run -- torchrun ...``, each against the uninterrupted run.
 
-One run carries two faults in sequence (rank 1 killed in forward after 2 completed steps, then rank 3
-after 4), with one warm spare per node (``FT_PLUGINS_RECOVER_SPARES=1``): the spare started with the job
-takes over rank 1; rank 3 is taken over by the refilled spare or, if it is still importing, by one new
-process. The survivors keep their processes, and the job ends with exit 0 and a final save bit for bit the uninterrupted run's (RNG included), with no
-checkpoint written or read on the way. A replacement that never joins: the survivors wait for the bound,
-then ``ttp``'s dump of the last completed step is committed, each survivor saying why. Without
-ft_plugins the same fault ends the job.
+DP=4, one run, three faults in sequence, one warm spare per node (``FT_PLUGINS_RECOVER_SPARES=1``), a
+periodic save every 3 steps: rank 1 killed in forward after 2 completed steps (the spare started with
+the job takes over); rank 0 killed in the save of step 3 (every rank runs that save again after the
+repair: the save on disk is the uninterrupted run's); rank 3 killed inside its optimizer update in step
+5 (the survivors had finished their update: they count step 5 as done and stand at 5). The survivors
+keep their processes, and the job ends with exit 0 and a final save bit for bit the uninterrupted
+run's (RNG included), with no checkpoint read and no other written on the way.
+
+TP=2 x DP=2, one run: rank 1 killed inside its update in step 3; every survivor is caught after its own
+update (rank 0 in the model-parallel check of the update with rank 1, ranks 2 and 3 in the loss
+all-reduce), so step 3 counts as done; the replacement starts a step earlier to log step 3 with them,
+rank 3 sends it the state of shard ``mp_rank_01``, the groups are rebuilt as Megatron built them, and
+both shards of the final save are bit for bit the uninterrupted run's.
+
+What falls back to ``ttp``'s dump of the last completed step, bit for bit a save of that step: a
+replacement that never joins (the survivors wait for the bound), a replacement killed while it joins
+(the launcher refuses the second fault and tells the survivors at once), an exception in a rank (not a
+lost process: nothing to replace; its peers learn it at once instead of waiting for the bound). Without
+ft_plugins the same kill ends the job.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from support import MEGATRON_EXAMPLE, REPO, TORCHRUN, free_port
-from ttp_runs import ITERS, Job, Launch, committed_dump, same_as_reference
+from ttp_runs import DP4, ITERS, SHARDS, TP, Job, Launch, committed_dump, run_supervised, same_as_reference
 
-DP4 = Launch(4, ("--micro-batch-size", "1", "--global-batch-size", "4"))
-FAR = ("--save-interval", "100")
 RECOVER = {"FT_PLUGINS": "ttp,recover"}
-FIRST, SECOND = 2, 4  # the faults fire in the steps after 2 and after 4 completed steps
-TWO_FAULTS = f"rank=1,step={FIRST},kind=kill;rank=3,step={SECOND},kind=kill"
+INTERVAL = 3  # the chained run's periodic saves: steps 3 and 6
+# rank 1 killed in forward after 2 completed steps, rank 0 in the save of step 3, rank 3 inside step 5's update
+FIRST, SAVED, UPDATED = 2, 3, 4
+FAULTS = (f"rank=1,step={FIRST},kind=kill;rank=0,step={SAVED},kind=kill,at=save;"
+          f"rank=3,step={UPDATED},kind=kill,at=update")
+LAGGED = 2  # TP: rank 1 killed inside its update in the step after 2 completed steps
 
 
-def _run(workdir: Path, *args: str, **env: str) -> Job:
+def _run(workdir: Path, *args: str, launch: Launch = DP4, interval: int = 100, **env: str) -> Job:
     """``ft-plugins run -- torchrun --nproc-per-node 4 ...`` on the Megatron example."""
-    save = workdir / "ckpt"
-    command = [sys.executable, "-m", "ft_plugins.cli", "run", "--", TORCHRUN, "--nproc-per-node", "4",
-               "--master-port", str(free_port()), str(MEGATRON_EXAMPLE), *DP4.args, "--train-iters", str(ITERS),
-               "--save", str(save), *FAR, *args]
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "FT_FAKE", "TORCHELASTIC"))}
-    clean["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), clean.get("PYTHONPATH", "")]))
-    result = subprocess.run(command, cwd=workdir, env={**clean, **env}, capture_output=True, text=True, timeout=400)
-    return Job(result.returncode, result.stdout + result.stderr, save)
+    return run_supervised(workdir, launch, "--save-interval", str(interval), *args, **env)
 
 
 def _catchers(job: Job, rank: int) -> list[str]:
@@ -48,48 +51,87 @@ def _catchers(job: Job, rank: int) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Job:
-    """Uninterrupted, without ft_plugins, saving every step."""
-    return DP4.reference(tmp_path_factory.mktemp("recover_reference"))
+def reference(dp4_reference: Job) -> Job:
+    """Uninterrupted, without ft_plugins, saving every step (shared with the MindIO engine's recovery)."""
+    return dp4_reference
 
 
 @pytest.fixture(scope="module")
 def recovered(tmp_path_factory: pytest.TempPathFactory) -> Job:
-    return _run(tmp_path_factory.mktemp("recovered"), **RECOVER, FT_PLUGINS_INJECT_FAULT=TWO_FAULTS,
+    return _run(tmp_path_factory.mktemp("recovered"), interval=INTERVAL, **RECOVER, FT_PLUGINS_INJECT_FAULT=FAULTS,
                 FT_PLUGINS_RECOVER_SPARES="1")
 
 
-def test_two_ranks_lost_in_turn_the_job_ends_with_exit_0_and_the_uninterrupted_runs_weights(
+@pytest.fixture(scope="module")
+def lagged(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    return _run(tmp_path_factory.mktemp("tp_lagged"), launch=TP, **RECOVER,
+                FT_PLUGINS_INJECT_FAULT=f"rank=1,step={LAGGED},kind=kill,at=update")
+
+
+def test_three_ranks_lost_in_turn_the_job_ends_with_exit_0_and_the_uninterrupted_runs_weights(
         recovered: Job, reference: Job) -> None:
     assert recovered.returncode == 0, recovered.output[-5000:]
-    assert len(recovered.lines("firing injected fault")) == 2
+    assert len(recovered.lines("firing injected fault")) == 3
     assert recovered.tracker() == str(ITERS)
     assert same_as_reference(recovered, reference, ITERS) == []  # model, optimizer, scheduler, RNG, counters
 
 
 def test_only_the_lost_worker_is_replaced_the_survivors_keep_their_processes(recovered: Job) -> None:
-    assert len(_catchers(recovered, 0)) == len(_catchers(recovered, 2)) == 2
-    assert len(set(_catchers(recovered, 0))) == len(set(_catchers(recovered, 2))) == 1, "same process both times"
+    assert len(_catchers(recovered, 2)) == 3 and len(set(_catchers(recovered, 2))) == 1, "same process each time"
     spare = re.search(r"rank 1 exited with code -9; warm spare pid (\d+)", recovered.output)
-    assert spare and _catchers(recovered, 1) == [spare.group(1)], "the spare, as rank 1, survived the second fault"
-    assert recovered.lines("rank 1 exited with code -9; warm spare pid"), "the spare started with the job took over"
+    assert spare and _catchers(recovered, 1) == [spare.group(1)] * 2, "the spare, as rank 1, survived two faults"
+    zero = re.search(r"rank 0 exited with code -9; (?:warm spare|replacement) pid (\d+)", recovered.output)
+    assert zero and _catchers(recovered, 0)[1:] == [zero.group(1)], "rank 0's replacement survived the third fault"
+    assert len(_catchers(recovered, 3)) == 2 and len(set(_catchers(recovered, 3))) == 1
     assert recovered.lines("rank 3 exited with code -9; warm spare pid") or \
         recovered.lines("rank 3 exited with code -9; replacement pid")
-    assert len(recovered.lines("took over as generation") + recovered.lines("started as generation")) == 2
+    assert len(recovered.lines("took over as generation") + recovered.lines("started as generation")) == 3
     assert not recovered.lines("closing signal"), "torchrun never signalled a worker"
-    assert recovered.lines("rank 1 joined generation 1") and recovered.lines("rank 3 joined generation 2")
-    assert recovered.lines(f"every rank stands at step {FIRST}, training continues at step {FIRST + 1}")
-    assert recovered.lines(f"every rank stands at step {SECOND}, training continues at step {SECOND + 1}")
+    for rank, generation in ((1, 1), (0, 2), (3, 3)):
+        assert recovered.lines(f"rank {rank} joined generation {generation}")
+    for step in (FIRST, SAVED, UPDATED + 1):
+        assert recovered.lines(f"every rank stands at step {step}, training continues at step {step + 1}")
 
 
-def test_no_checkpoint_written_or_read_on_the_way(recovered: Job) -> None:
+def test_a_rank_lost_in_a_periodic_save_every_rank_saves_that_step_again(recovered: Job, reference: Job) -> None:
+    for survivor in (1, 2, 3):
+        assert recovered.lines(f"recover: rank {survivor} (pid"), recovered.output[-5000:]
+        assert [line for line in recovered.lines(f"recover: rank {survivor} (pid")
+                if f"in the save of step {SAVED} ({SAVED} steps completed here)" in line]
+    assert same_as_reference(recovered, reference, SAVED) == [], "the save written again is the uninterrupted one"
+
+
+def test_a_rank_lost_inside_its_update_the_survivors_count_the_step_as_done(recovered: Job) -> None:
+    for survivor in (0, 1, 2):  # caught in step 5's loss all-reduce, after their own update
+        assert [line for line in recovered.lines(f"recover: rank {survivor} (pid")
+                if f"in step {UPDATED + 1} ({UPDATED + 1} steps completed here)" in line], recovered.output[-5000:]
+
+
+def test_no_checkpoint_read_or_written_on_the_way(recovered: Job) -> None:
     assert not recovered.lines("loading checkpoint"), "the replacements read nothing from disk"
-    assert sorted(path.name for path in recovered.save.iterdir()) == ["iter_0000006", "latest_checkpointed_iteration.txt"]
+    assert sorted(path.name for path in recovered.save.iterdir()) == [
+        "iter_0000003", "iter_0000006", "latest_checkpointed_iteration.txt"], "the periodic saves only"
     assert not recovered.lines("dumped"), "no dying-gasp dump"
 
 
-def test_every_step_trained_once(recovered: Job) -> None:
-    assert [len(recovered.lines(f"iteration        {i}/       {ITERS}")) for i in range(1, ITERS + 1)] == [1] * ITERS
+def test_every_step_trained_once(recovered: Job, lagged: Job) -> None:
+    for job in (recovered, lagged):
+        assert [len(job.lines(f"iteration        {i}/       {ITERS}")) for i in range(1, ITERS + 1)] == [1] * ITERS
+
+
+def test_tensor_parallel_a_rank_lost_inside_its_update_is_replaced_and_both_shards_end_bit_identical(
+        lagged: Job, tp_reference: Job) -> None:
+    assert lagged.returncode == 0, lagged.output[-5000:]
+    for rank in (0, 2, 3):  # each caught after its own update of step 3 (a model-parallel or the loss collective)
+        [caught] = lagged.lines(f"recover: rank {rank} (pid")
+        assert f"in step {LAGGED + 1} ({LAGGED + 1} steps completed here)" in caught, caught
+    # it starts a step earlier and counts that step as done by its peers, so that it logs it with them
+    assert lagged.lines(f"replacement of rank 1 (generation 1) starts at step {LAGGED + 1}, as the survivors")
+    assert lagged.lines(f"rank 3 sent the state of step {LAGGED + 1}"), "the other holder of mp_rank_01 sends"
+    assert lagged.lines(f"every rank stands at step {LAGGED + 1}, training continues at step {LAGGED + 2}")
+    assert not lagged.lines("loading checkpoint") and not lagged.lines("dumped")
+    for shard in SHARDS:
+        assert same_as_reference(lagged, tp_reference, ITERS, shard=shard) == [], shard
 
 
 def test_a_replacement_that_never_joins_bounded_wait_then_the_dump_is_committed(
@@ -103,6 +145,29 @@ def test_a_replacement_that_never_joins_bounded_wait_then_the_dump_is_committed(
                          "the replacement did not come within 15 s; falling back to ttp's dump"), job.output[-4000:]
     assert job.lines("is not replaced: a second fault during recovery")
     assert same_as_reference(job, reference, FIRST) == []  # what a save at that step holds
+
+
+def test_a_replacement_killed_while_it_joins_the_survivors_learn_it_then_the_dump_is_committed(
+        tmp_path_factory: pytest.TempPathFactory, reference: Job) -> None:
+    job = _run(tmp_path_factory.mktemp("killed_joining"), **RECOVER,
+               FT_PLUGINS_INJECT_FAULT=f"rank=1,step={FIRST},kind=kill;rank=1,step=0,kind=kill,at=join,life=1")
+    committed_dump(job, FIRST)
+    assert job.lines("rank 1 exited with code -9 and is not replaced: a second fault during recovery")
+    assert same_as_reference(job, reference, FIRST) == []
+
+
+def test_an_exception_in_a_rank_its_peers_fall_back_at_once_and_the_dump_is_committed(
+        tmp_path_factory: pytest.TempPathFactory, reference: Job) -> None:
+    job = _run(tmp_path_factory.mktemp("raised"), **RECOVER, FT_PLUGINS_RECOVER_TIMEOUT="300",
+               FT_PLUGINS_INJECT_FAULT=f"rank=2,step={FIRST},kind=exception")
+    committed_dump(job, FIRST)
+    assert job.lines("[ft_plugins.recover rank 2] ERROR recover: generation 1 cannot recover: rank 2 raised "
+                     "InjectedFault"), job.output[-4000:]
+    fell_back = job.lines("ERROR recover: generation 1 cannot recover:")
+    assert all("rank 2 raised InjectedFault" in line for line in fell_back), fell_back  # never the bound
+    assert job.lines("is not replaced: generation 1 was given up: rank 2 raised InjectedFault")
+    assert not job.lines("replacement pid"), "nothing was lost, nothing replaced"
+    assert same_as_reference(job, reference, FIRST) == []
 
 
 def test_negative_control_without_ft_plugins_the_same_fault_ends_the_job(tmp_path_factory: pytest.TempPathFactory) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from support import MEGATRON_EXAMPLE, TORCHRUN, free_port
+from support import MEGATRON_EXAMPLE, REPO, TORCHRUN, free_port
 
 ITERS = 6
 
@@ -46,6 +46,19 @@ def run_job(workdir: Path, *args: str, launcher: tuple[str, ...] = (), entry: Pa
     return Job(result.returncode, result.stdout + result.stderr, save)
 
 
+def run_supervised(workdir: Path, launch: "Launch", *args: str, **env: str) -> Job:
+    """``ft-plugins run -- torchrun ...`` (the launcher that replaces a lost worker in place) on the Megatron example."""
+    save = workdir / "ckpt"
+    command = [sys.executable, "-m", "ft_plugins.cli", "run", "--", TORCHRUN, "--nproc-per-node", str(launch.nproc),
+               "--master-port", str(free_port()), str(MEGATRON_EXAMPLE), *launch.args, "--train-iters", str(ITERS),
+               "--save", str(save), *args]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "FT_FAKE", "TORCHELASTIC"))}
+    clean["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), clean.get("PYTHONPATH", "")]))
+    result = subprocess.run(command, cwd=workdir, env={**clean, **dict(launch.env), **env}, capture_output=True,
+                            text=True, timeout=400)
+    return Job(result.returncode, result.stdout + result.stderr, save)
+
+
 @dataclass(frozen=True)
 class Launch:
     """The torchrun shape one module's runs share: ranks, Megatron arguments, environment."""
@@ -66,6 +79,12 @@ class Launch:
         job = self.run(workdir, "--save-interval", "1", *args, FT_PLUGINS="none")
         assert job.returncode == 0, job.output[-3000:]
         return job
+
+
+DP4 = Launch(4, ("--micro-batch-size", "1", "--global-batch-size", "4"))  # one rank per data-parallel replica
+# megatron's argument check demands CUDA_DEVICE_MAX_CONNECTIONS=1 for TP > 1
+TP = Launch(4, ("--tensor-model-parallel-size", "2"), (("CUDA_DEVICE_MAX_CONNECTIONS", "1"),))
+SHARDS = ("mp_rank_00", "mp_rank_01")  # TP's shards: ranks 0 and 2 hold the first, ranks 1 and 3 the second
 
 
 def differences(left: Path, right: Path, rng: bool = True) -> list[str]:

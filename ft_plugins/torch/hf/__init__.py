@@ -6,7 +6,8 @@ One module per feature, each one patch set over the framework-neutral core: :mod
 fire drills of ``FT_PLUGINS_INJECT_FAULT`` (:mod:`.drill`); the faults drill is applied before ``ttp``,
 so ``ttp`` has seen the step (or the update) begin when a fault fires. The Trainer's own events (step begin /
 end) reach the features through :class:`FaultToleranceCallback`, which every Trainer gets once:
-added by the ``Trainer.__init__`` hook unless the user passed one already.
+added by the ``Trainer.__init__`` hook unless the user passed one already. With any feature on, a finished
+gloo job drains its collectives and destroys its process group at exit (:mod:`.clean_exit`).
 """
 
 from __future__ import annotations
@@ -68,9 +69,14 @@ class HFIntegration:
             from ft_plugins.torch.hf.ttp import TrainerDump
 
             self._add("ttp", TrainerDump(ttp))
+        self.clean_exit: Any = None
         if self.patch_sets:
+            from ft_plugins.torch.hf.clean_exit import CleanExit
+
             self.patch_sets.append(PatchSet("callback", (Patch(TRAINER, "Trainer.__init__", _add_callback),),
                                             self._missing))
+            self.clean_exit = CleanExit()
+            self.patch_sets.append(PatchSet("exit", self.clean_exit.patches(), self._missing))
 
     def _add(self, feature: str, *parts: Any) -> None:
         """``parts`` give ``patches()``; those with Trainer events (``on_step_begin`` ...) listen to them."""
@@ -87,6 +93,8 @@ class HFIntegration:
         for patch_set in reversed(self.patch_sets):
             patch_set.remove()
         events.LISTENERS.clear()
+        if self.clean_exit is not None:
+            self.clean_exit.unregister()
 
     def _missing(self, patch_set: PatchSet, error: MissingSymbol) -> None:
         package = str(error).split(".", 1)[0]

@@ -10,9 +10,11 @@ exception out of the guarded function is reported and the last step reported by
 Once a dump has started ``tft_start_updating_os`` raises. On PyTorch, registering the save handler
 makes SIGTERM and SIGINT do nothing, as MindIO's ``SaveHandler.register`` does.
 ``FT_FAKE_TTP_INIT=raise`` makes ``tft_init_processor`` raise like a failed processor start.
+With ``enable_arf=True`` the controller instead recovers a lost process in place (:mod:`.arf`).
 """
 
 import enum
+import gc
 import os
 import queue
 import signal
@@ -20,9 +22,11 @@ import threading
 
 import torch_npu  # noqa: F401  (the real module imports it at import time)
 from fake_record import misbehave, record
+from mindio_ttp import arf
 
 handlers = {}
-_state = {"step_args": None, "step": 0, "dumping": False, "controller": None}
+_state = {"step_args": None, "step": 0, "dumping": False, "controller": None, "arf": False, "arf_controller": False,
+          "rank": 0, "world": 1}
 _lock = threading.Lock()
 
 
@@ -44,14 +48,23 @@ class RepairType(enum.Enum):
     RT_UCE_HIGHLEVEL = "uce_highlevel"
     RT_UCE_LOWLEVEL = "uce_lowlevel"
     RT_RECV_REPAIR = "recv"
+    RT_LOAD_CKPT = "load_ckpt"
+
+
+class OptimizerType(enum.Enum):
+    ATTENTION = 0
+    MOE = 1
 
 
 def tft_init_controller(rank, world_size, enable_local_copy, enable_arf=False, enable_zit=False):
     record("tft_init_controller", rank, world_size, enable_local_copy, enable_arf=enable_arf, enable_zit=enable_zit)
+    _state.update(arf_controller=enable_arf, world=world_size)
 
 
 def tft_start_controller(bind_ip, port, enable_tls=True, tls_info=''):
     record("tft_start_controller", bind_ip, port, enable_tls, tls_info)
+    if _state["arf_controller"]:
+        arf.start_controller(bind_ip, port, _state["world"])
 
 
 def tft_init_processor(rank, world_size, enable_local_copy, enable_tls=True, tls_info='',
@@ -59,10 +72,13 @@ def tft_init_processor(rank, world_size, enable_local_copy, enable_tls=True, tls
     record("tft_init_processor", rank, world_size, enable_local_copy, enable_tls, tls_info,
            enable_uce=enable_uce, enable_arf=enable_arf, enable_zit=enable_zit)
     misbehave("FT_FAKE_TTP_INIT")
+    _state.update(arf=enable_arf, rank=rank, world=world_size)
 
 
 def tft_start_processor(master_ip, port, local_ip=''):
     record("tft_start_processor", master_ip, port, local_ip)
+    if _state["arf"]:
+        arf.start_processor(master_ip, port, _state["rank"], _state["world"])
 
 
 def tft_destroy_processor():
@@ -74,7 +90,7 @@ def tft_destroy_controller():
 
 
 def tft_is_reboot_node():
-    return False
+    return _state["arf"] and arf.is_reboot_node()
 
 
 def tft_set_optimizer_replica(rank, replica_info):
@@ -101,6 +117,8 @@ def tft_end_updating_os(step):
         raise ValueError(f"tft_end_updating_os: step must be >= 1, got {step}")
     record("tft_end_updating_os", step)
     _state["step"] = step
+    if _state["arf"]:
+        arf.updated(step)
 
 
 def tft_pause_train(cur_step):
@@ -124,15 +142,32 @@ def tft_exception_handler(func):
 
     def guarded(*args, **kwargs):
         _state["step_args"] = args
-        try:
-            return func(*args, **kwargs)
-        except Exception as exc:
-            record("tft_report_error", ReportState.RS_UNKNOWN.value, type(exc).__name__)
-            if _state["step"] >= 1 and "save_ckpt" in handlers:
-                fake_controller_dying_gasp(_state["step"])
-            raise
+        while True:
+            try:
+                return func(*args, **kwargs)
+            except RuntimeError as exc:
+                if not _state["arf"]:
+                    _dump_and_raise(exc)
+                state = "RS_PREREPAIR_FINISH" if "ARF FINISH" in str(exc) else ReportState.RS_UNKNOWN.value
+                record("tft_report_error", state, type(exc).__name__)
+            except Exception as exc:
+                if _state["arf"]:
+                    record("tft_report_error", ReportState.RS_UNKNOWN.value, type(exc).__name__)
+                    raise
+                _dump_and_raise(exc)
+            gc.collect()  # the exception is let go before the wait, as MindIO's wrapper does
+            arf.report(state)
+            if arf.wait_next() != "retry":
+                raise RuntimeError("MindIO ends this process: the recovery failed and the dump was taken")
 
     return guarded
+
+
+def _dump_and_raise(exc):
+    record("tft_report_error", ReportState.RS_UNKNOWN.value, type(exc).__name__)
+    if _state["step"] >= 1 and "save_ckpt" in handlers:
+        fake_controller_dying_gasp(_state["step"])
+    raise exc
 
 
 def _register(kind):

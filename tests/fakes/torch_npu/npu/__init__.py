@@ -15,3 +15,20 @@ def current_stream() -> Stream:
 
 def is_available() -> bool:
     return True
+
+
+def current_device() -> int:
+    return 0
+
+
+def stop_device(device_id):
+    """MindIO's stop: the device's pending work fails (nothing runs on this fake device: only recorded)."""
+    from fake_record import record
+
+    record("torch_npu.npu.stop_device", device_id)
+
+
+def restart_device(device_id, rebuild_all_resources=False):
+    from fake_record import record
+
+    record("torch_npu.npu.restart_device", device_id, rebuild_all_resources=rebuild_all_resources)

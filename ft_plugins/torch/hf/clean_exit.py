@@ -1,0 +1,56 @@
+"""A finished gloo job's exit: every rank's collectives drained and the process group destroyed while the
+interpreter still runs.
+
+Stock, a finished 2-rank gloo Trainer job sometimes dies at exit with "terminate called without an active
+exception" (SIGABRT; PyTorch issue 190489): a gloo worker thread drops its reference to the job's last
+collective only after ``wait()`` returned, and when that is the last one, freeing the collective's tensors
+needs the GIL; during ``Py_FinalizeEx`` the thread is ended by ``pthread_exit`` inside a noexcept
+destructor. At exit (atexit, before finalization) a barrier, waited on with the GIL released, gives the
+workers that moment, and the group is destroyed. Registered once per process after ``Accelerator.__init__``
+(the Trainer builds one) when the default group is gloo with more than one rank; nothing is done after an
+uncaught exception (a peer may be gone) or when the script destroyed the group itself.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import sys
+from typing import Any, Callable
+
+from ft_plugins.patching import Patch
+from ft_plugins.torch.hf.agree import distributed
+
+log = logging.getLogger("ft_plugins.torch")
+
+
+class CleanExit:
+    def __init__(self) -> None:
+        self.registered = False
+
+    def patches(self) -> tuple[Patch, ...]:
+        return (Patch("accelerate.accelerator", "Accelerator.__init__", self._after),)
+
+    def _after(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        result = wrapped(*args, **kwargs)
+        dist = distributed()
+        if not self.registered and dist is not None and dist.get_backend() == "gloo":
+            atexit.register(drain)
+            self.registered = True
+        return result
+
+    def unregister(self) -> None:
+        atexit.unregister(drain)
+        self.registered = False
+
+
+def drain() -> None:
+    """At exit: barrier, then destroy the default group; never raises (the job's result stands)."""
+    dist = distributed()
+    if dist is None or getattr(sys, "last_value", None) is not None:
+        return
+    try:
+        dist.barrier()
+        dist.destroy_process_group()
+    except Exception as exc:  # a peer gone after training: its own error is the one that counts
+        log.debug("exit: process group not drained: %s: %s", type(exc).__name__, exc)

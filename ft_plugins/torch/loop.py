@@ -1,0 +1,85 @@
+"""Megatron's training loop as ``recover`` meets it: a part of the loop attempted (a failure reduced to a
+description), a step a peer completed, the loop's timers for a part run again, and the save of step K
+that a lost rank interrupted.
+
+A periodic save: Megatron's ``save_checkpoint_and_time`` (the training loop's save of step K) has collectives (barriers
+before and after, inside ``save_checkpoint``), so a rank lost in it makes the survivors fail there,
+each holding exactly the state of K (a save changes none), and the save on disk incomplete: the
+lost rank may have been the writer of a shard, and the tracker is written last. After the repair
+every rank calls the same ``save_checkpoint_and_time(K, ...)`` from its top, so that their
+collectives meet in the same order: the survivors run it again where they failed, the replacement
+(which joins at the start of step K + 1, the point the loop reaches right after that save) runs it
+before its first step. Files the first attempt left are overwritten; the tracker names K once the
+save completed, as in the uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import traceback
+from typing import Any, Callable
+
+from ft_plugins.torch.state import megatron
+
+TIMERS = ("save-checkpoint", "save-checkpoint-non-persistent")
+
+
+def iteration_of(args: tuple, kwargs: dict) -> int:
+    """``save_checkpoint_and_time``'s iteration argument."""
+    return kwargs["iteration"] if "iteration" in kwargs else args[0]
+
+
+def timers_as_before() -> None:
+    """Megatron's timers as an interrupted part of the loop found them: the training interval running, the
+    save's timers stopped (``save_checkpoint_and_time`` stops the one and starts the other, asserting both;
+    the logging stops and starts the interval with a barrier each)."""
+    timers = megatron("training.global_vars").get_timers()
+    for name in TIMERS:
+        timers(name, log_level=0).reset()
+    interval = timers("interval-time", log_level=0)
+    interval.reset()
+    interval.start()
+
+
+def save_as_the_loop(iteration: int, objects: tuple[Any, Any, Any], context: Any, iterator: Any) -> None:
+    """The replacement's part of the save of ``iteration`` the survivors run again: the loop's own call."""
+    model, optimizer, scheduler = objects
+    flops = megatron("training.global_vars").get_args().num_floating_point_operations_so_far
+    megatron("training.training").save_checkpoint_and_time(iteration, model, optimizer, scheduler, flops, context,
+                                                           train_data_iterator=iterator)
+
+
+def attempt(wrapped: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Any, str | None, bool]:
+    """Run the step; on failure return only a description and whether the exception is this rank's own
+    (not raised in a collective, i.e. under a ``distributed`` package: torch's, megatron's): the exception,
+    its traceback and the frames' pending work are released before anybody waits."""
+    try:
+        return wrapped(*args, **kwargs), None, False
+    except Exception as exc:
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+        files = [frame.f_code.co_filename for frame, _ in traceback.walk_tb(exc.__traceback__)]
+        own = not any(f"{os.sep}distributed{os.sep}" in name for name in files)
+        traceback.clear_frames(exc.__traceback__)
+    gc.collect()
+    return None, reason, own
+
+
+def done_by_peer(size: int) -> tuple:
+    """``train_step``'s result (``size`` items) for a step a peer completed: nothing to log, no save or exit asked."""
+    return ({}, 0, False, False, 0, None, None, 0, *([None] * 8))[:size]
+
+
+def rerun_anew() -> None:
+    """Megatron's rerun state machine saw the failed attempt begin: the step starts over for it too."""
+    rerun = megatron("core.rerun_state_machine")
+    machine = rerun.get_rerun_state_machine()
+    if machine.state != rerun.RerunState.NOT_RUNNING_YET:
+        machine.state = rerun.RerunState.NOT_RUNNING_YET
+        machine.current_iteration -= 1
+
+
+def replaced(args: tuple, kwargs: dict, index: int, name: str, value: Any) -> tuple[tuple, dict]:
+    if name in kwargs:
+        return args, {**kwargs, name: value}
+    return (*args[:index], value, *args[index + 1:]), kwargs

@@ -1,0 +1,239 @@
+"""The fake MindIO's process-level online recovery (ARF, MindCluster's ``recover`` strategy), on when
+``tft_init_controller`` / ``tft_init_processor`` get ``enable_arf=True``.
+
+As in MindIO, the controller runs in rank 0's process (``tft_start_controller``) and every processor
+connects to it (``tft_start_processor``); here the channel is a ``FileStore`` named after the launcher's
+pid and the controller's port (no socket of its own: one host, and nothing a process group could
+mistake for its connections). The controller watches every registered processor's pid. When one dies it drives the handlers
+in MindIO's order, each in the processor's own thread while the training thread waits inside
+``tft_exception_handler``:
+
+1. ``stop(args, ctx)`` on every survivor, then it waits for that rank's training thread to report
+   its failure (MindIO's stop waits for the same);
+2. ``clean(uce_error, args, ctx)`` on every survivor (it returns MindIO's code, 0 = done);
+3. it waits for the replacement: a new processor of the lost rank (``tft_is_reboot_node()`` True there)
+   whose train raised ``RuntimeError("ARF FINISH")``;
+4. ``rebuild_group(fault_ranks, args, ctx)`` on every rank, the replacement included;
+5. ``repair(step, need_rebuild, error_ranks, repair_info, args, ctx)`` on the source (``RT_SEND``) and
+   on each rank that lacks the state (``RT_RECV_REPAIR``): the step is the newest one the survivors
+   reported through ``tft_end_updating_os``, the source the lowest survivor holding it;
+6. ``rollback(step, args, ctx)`` on every rank; then every training thread calls train again.
+
+A handler that raises (or a clean that returns non-zero), or a replacement that does not come within
+``TTP_NORMAL_ACTION_TIME_LIMIT`` seconds (180), ends the recovery: the survivors dump the newest step
+(save handler, then rename) and their training threads raise. Each action is recorded as
+``fake_controller_<action>`` with the rank, its arguments and the answer.
+"""
+
+import os
+import threading
+import time
+
+from fake_record import record
+
+RET_OK, RET_ERROR = 0, 1
+POLL = 0.02
+ORDER = ("stop", "clean", "rebuild_group", "repair", "rollback")
+_arf = {"store": None, "rank": None, "world": 0, "reboot": False, "reported": threading.Event(), "wait": 0}
+
+
+def limit():
+    return float(os.environ.get("TTP_NORMAL_ACTION_TIME_LIMIT", "180"))
+
+
+def _store(port):
+    import tempfile
+    from datetime import timedelta
+
+    from torch.distributed import FileStore
+
+    store = FileStore(os.path.join(tempfile.gettempdir(), f"fake_mindio_{os.getppid()}_{port}.store"), -1)
+    store.set_timeout(timedelta(seconds=limit()))
+    return store
+
+
+def start_controller(bind_ip, port, world_size):
+    """Rank 0's process: host the channel, then watch the processors."""
+    store = _store(port)
+    threading.Thread(target=_control, args=(store, world_size), name="mindio-controller", daemon=True).start()
+    _arf["controller_store"] = store  # kept alive with the process
+
+
+def start_processor(master_ip, port, rank, world_size):
+    """Register this process as ``rank``'s processor; serve the controller's actions in a thread."""
+    store = _store(port)
+    _arf.update(store=store, rank=rank, world=world_size)
+    _arf["reboot"] = store.add(f"starts/{rank}", 1) > 1
+    store.set(f"pid/{rank}", str(os.getpid()))
+    threading.Thread(target=_serve, args=(store, rank), name="mindio-processor", daemon=True).start()
+
+
+def is_reboot_node():
+    return _arf["reboot"]
+
+
+def updated(step):
+    if _arf["store"] is not None:
+        _arf["store"].set(f"step/{_arf['rank']}", str(step))
+
+
+def report(state):
+    """The training thread failed (``state`` as MindIO classifies it); the controller learns it."""
+    store, rank = _arf["store"], _arf["rank"]
+    store.set(f"reported/{rank}/{store.add(f'starts/{rank}', 0)}", state)
+    _arf["reported"].set()
+
+
+def wait_next():
+    """The training thread, its exception let go: wait for the controller's word (retry or exit)."""
+    store, rank = _arf["store"], _arf["rank"]
+    _arf["wait"] += 1
+    name = f"go/{rank}/{store.add(f'starts/{rank}', 0)}/{_arf['wait']}"
+    deadline = time.monotonic() + 2 * limit() + 30
+    while not store.check([name]):
+        if time.monotonic() > deadline:
+            return "exit"
+        time.sleep(POLL)
+    _arf["reported"].clear()
+    return store.get(name).decode()
+
+
+# -- the processor's side --------------------------------------------------------------------------
+def _serve(store, rank):
+    from mindio_ttp import framework_ttp as api
+
+    served = 0
+    while True:
+        name = f"action/{rank}/{served + 1}"
+        if not store.check([name]):
+            time.sleep(POLL)
+            continue
+        served += 1
+        kind, _, payload = store.get(name).decode().partition(" ")
+        store.set(f"result/{rank}/{served}", str(_run(api, kind, eval(payload) if payload else None)))
+
+
+def _run(api, kind, payload):
+    """One action on this rank: MindIO's own wrapping of the handler (an exception answers RET_ERROR)."""
+    args = api._state["step_args"]
+    try:
+        if kind == "dump":
+            errors = api._dump(payload, None)
+            return RET_ERROR if errors else RET_OK
+        func, ctx = api.handlers[kind]
+        if kind == "stop":
+            func(args, ctx)
+            if not _arf["reported"].wait(limit()):
+                return RET_ERROR  # the training thread never reported its failure
+            answer = RET_OK
+        elif kind == "clean":
+            answer = func(False, args, ctx)
+        elif kind == "rebuild_group":
+            answer = func(payload, args, ctx) or RET_OK
+        elif kind == "repair":
+            step, need_rebuild, error_ranks, repair_info = payload
+            answer = func(step, need_rebuild, error_ranks, repair_info, args, ctx) or RET_OK
+        else:
+            answer = func(payload, args, ctx) or RET_OK
+    except Exception as exc:  # MindIO logs it and answers the failure code
+        record(f"fake_processor_{kind}_failed", type(exc).__name__, str(exc))
+        return RET_ERROR
+    return answer
+
+
+# -- the controller --------------------------------------------------------------------------------
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _control(store, world):
+    counts = {}
+    watched = {}
+    while True:
+        time.sleep(POLL)
+        for rank in range(world):
+            if store.check([f"pid/{rank}"]):
+                watched[rank] = int(store.get(f"pid/{rank}"))
+        lost = [rank for rank, pid in watched.items() if not _alive(pid)]
+        if lost:
+            if not _recover(store, world, lost[0], counts):
+                return  # the survivors dumped and end: nothing left to control
+            watched.clear()
+
+
+def _act(store, counts, ranks, kind, payloads):
+    """Send ``kind`` to ``ranks`` at once (payload per rank), wait for every answer; True when all are 0."""
+    sent = {}
+    for rank in ranks:
+        counts[rank] = counts.get(rank, 0) + 1
+        payload = payloads(rank)
+        store.set(f"action/{rank}/{counts[rank]}", f"{kind} {payload!r}" if payload is not None else kind)
+        sent[rank] = counts[rank]
+    answers = {}
+    deadline = time.monotonic() + limit() + 5
+    while len(answers) < len(sent) and time.monotonic() < deadline:
+        for rank, number in sent.items():
+            if rank not in answers and store.check([f"result/{rank}/{number}"]):
+                answers[rank] = int(store.get(f"result/{rank}/{number}"))
+        time.sleep(POLL)
+    for rank in ranks:
+        record(f"fake_controller_{kind}", rank, repr(payloads(rank)), answers.get(rank, "timeout"))
+    return all(answers.get(rank) == RET_OK for rank in ranks)
+
+
+def _go(store, ranks, word):
+    for rank in ranks:
+        life = store.add(f"starts/{rank}", 0)
+        waits = store.add(f"waits/{rank}/{life}", 1)
+        store.set(f"go/{rank}/{life}/{waits}", word)
+
+
+def _recover(store, world, lost, counts):
+    record("fake_controller_fault", lost)
+    survivors = [rank for rank in range(world) if rank != lost]
+    counts.pop(lost, None)
+    steps = {rank: int(store.get(f"step/{rank}")) if store.check([f"step/{rank}"]) else 0 for rank in survivors}
+    step = max(steps.values())
+    ok = (_act(store, counts, survivors, "stop", lambda rank: None)
+          and _act(store, counts, survivors, "clean", lambda rank: None)
+          and _replacement(store, lost))
+    everyone = sorted([*survivors, lost])
+    if ok:
+        source = min(rank for rank in survivors if steps[rank] == step)
+        receivers = [lost, *(rank for rank in survivors if steps[rank] < step)]
+        info = {source: (step, False, receivers, {"type": [0] * len(receivers), "repair_type": "send",
+                                                  "src": [source] * len(receivers), "dst": receivers,
+                                                  "rank_list": sorted([source, *receivers])})}
+        info.update({rank: (step, False, receivers, {"type": [0], "repair_type": "recv", "src": [source],
+                                                     "dst": [rank], "rank_list": sorted([source, *receivers])})
+                     for rank in receivers})
+        ok = (_act(store, counts, everyone, "rebuild_group", lambda rank: [lost])
+              and _act(store, counts, sorted(info), "repair", info.get)
+              and _act(store, counts, everyone, "rollback", lambda rank: step))
+    if ok:
+        _go(store, everyone, "retry")
+        return True
+    record("fake_controller_dump", step)
+    _act(store, counts, survivors, "dump", lambda rank: step)
+    _go(store, survivors, "exit")
+    if store.check([f"reported/{lost}/2"]):
+        _go(store, [lost], "exit")
+    return False
+
+
+def _replacement(store, lost):
+    """The lost rank's replacement has started and reported ``ARF FINISH`` within the limit."""
+    deadline = time.monotonic() + limit()
+    while time.monotonic() < deadline:
+        life = store.add(f"starts/{lost}", 0)
+        if life > 1 and store.check([f"reported/{lost}/{life}"]):
+            finished = store.get(f"reported/{lost}/{life}").decode() == "RS_PREREPAIR_FINISH"
+            record("fake_controller_replacement", lost, finished)
+            return finished
+        time.sleep(POLL)
+    record("fake_controller_replacement", lost, "timeout")
+    return False
