@@ -4,8 +4,10 @@
          built-in engine) against none, interleaved in one process so that the machine's load drifts
          alike for both: ``--blocks`` times, three short training runs of ``--steps`` steps each, off /
          on / off (``ft_plugins.torch.disable()`` / ``enable()`` between them, a fresh Trainer each),
-         timed by the Trainer's own ``train_runtime``. Each block gives the ratio on / mean of its two
-         offs, and the A/A ratio off / off (the noise floor); prints the median and range of both.
+         timed by the Trainer's own ``train_runtime``, one intra-op thread (on a shared machine, torch's
+         thread pool waiting on descheduled threads swamps everything else). Each block gives the ratio
+         on / mean of its two offs, and the A/A ratio off / off (the noise floor); prints the median and
+         range of both.
   hooks  in one process: the hooks' own work per optimizer step, timed directly (robust to machine noise)
   dump   in one process: the dying gasp's writer (model, optimizer, scheduler, RNG files,
          trainer_state.json, then the manifest) against the Trainer's own ``_save_checkpoint`` of the
@@ -32,6 +34,8 @@ import ft_plugins.torch
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments, set_seed
 mode, steps = sys.argv[1], int(sys.argv[2])
+if mode == "steps":
+    torch.set_num_threads(1)
 set_seed(7)
 data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 64, (512, 16)).unbind()]
 out = tempfile.mkdtemp()

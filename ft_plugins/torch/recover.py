@@ -14,6 +14,13 @@ A replacement starts with ``--load`` ignored and its collectives held (the fake 
 ``train``, it has learnt K and the counters at K from the survivors' standings, skipped its data to
 K + 1's batch, and at its first step joins the repair. No checkpoint is written or read.
 
+Every rank resumes at the one point of Megatron's loop where the survivors stand
+(:func:`ft_plugins.recovery.resumption`): step K + 1 from its start; the logging of K (a survivor caught
+after its update of K, e.g. a rank lost inside its own update, or in that logging: the replacement
+starts a step earlier and counts it as done by its peers); or the periodic save of K, which every rank
+runs again from its top (:mod:`.loop`). An exception raised by a rank's own code is not a lost process:
+see :meth:`MegatronRecovery._raised`.
+
 When recovery cannot work (no replacement within the bound, a second fault during the repair, no
 surviving holder of a shard, a group only some object holds) the survivors fall back to ``ttp``'s
 dump, as without this feature, and say why in one line. Continuing with fewer data-parallel ranks
@@ -148,7 +155,7 @@ class MegatronRecovery:
         return self._again(wrapped, args, kwargs, iteration - 1, f"the log of step {iteration}")
 
     def save_checkpoint_and_time(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-        """A periodic save a lost rank interrupted is repaired like a step, then run again (:mod:`.resave`)."""
+        """A periodic save a lost rank interrupted is repaired like a step, then run again (:mod:`.loop`)."""
         if self.batches is None or not self.joined:
             return wrapped(*args, **kwargs)
         iteration = loop.iteration_of(args, kwargs)
@@ -164,8 +171,10 @@ class MegatronRecovery:
             result, reason, own = loop.attempt(wrapped, args, kwargs)
             if reason is None:
                 return result
-            if own or saving is None:
-                self._raised(reason, where) if own else self._fall_back(self.generation + 1, f"{reason} in {where}")
+            if own:
+                self._raised(reason, where)
+            if saving is None:
+                self._fall_back(self.generation + 1, f"{reason} in {where}")
             self._recover(position, reason, where, saving=bool(saving))
             loop.timers_as_before()
 
@@ -177,7 +186,7 @@ class MegatronRecovery:
         """The replacement joins where the loop stands after ``iteration`` steps; if the survivors were in
         the save of that step, it runs that save with them."""
         self.tracker.mark_torn()  # nothing here is worth a dump until the state came
-        outcome = self._repair(iteration, None)
+        outcome = self._repair(None)
         if outcome == SAVE:
             loop.save_as_the_loop(iteration, self.objects, *self.loop)
         return outcome
@@ -203,12 +212,12 @@ class MegatronRecovery:
                 store.set(key(generation, f"state/{rank}"), standing.encode())
                 self._await(generation, "joined", "the replacement")
             self.generation = generation
-            return self._repair(iteration, (standing, snapshot), started)
+            return self._repair((standing, snapshot), started)
         except Exception as exc:  # Fallback, or a second fault while repairing
             self._fall_back(generation, f"{type(exc).__name__}: {exc}" if not isinstance(exc, Fallback) else str(exc))
             raise  # not reached: the dump exits
 
-    def _repair(self, iteration: int, mine: tuple[Standing, Any] | None, started: float | None = None) -> str:
+    def _repair(self, mine: tuple[Standing, Any] | None, started: float | None = None) -> str:
         """Every rank of the generation: rebuild the groups, agree on K, hand over, stand at K."""
         import torch.distributed as dist
 
@@ -233,7 +242,7 @@ class MegatronRecovery:
                 decided = plan(standings, groups)
                 if decided.refusal:
                     raise Fallback(decided.refusal)
-                outcome = self._hand_over(rank, decided, groups.index(members), mine, iteration)
+                outcome = self._hand_over(rank, decided, groups.index(members), mine)
                 store.add(key(generation, "done"), 1)
         except Exception as exc:
             self._fall_back(generation, str(exc) if isinstance(exc, Fallback) else f"{type(exc).__name__}: {exc}")
@@ -245,7 +254,7 @@ class MegatronRecovery:
                         time.monotonic() - started, decided.step, decided.step + 1)
         return outcome
 
-    def _hand_over(self, rank: int, decided: Any, index: int, mine: tuple[Standing, Any] | None, iteration: int) -> str:
+    def _hand_over(self, rank: int, decided: Any, index: int, mine: tuple[Standing, Any] | None) -> str:
         """Send or receive the state at K inside this data-parallel group; leave this rank at exactly K."""
         mpu = megatron("core.parallel_state")
         group = mpu.get_data_parallel_group_gloo(with_context_parallel=True) or mpu.get_data_parallel_group(
@@ -298,10 +307,15 @@ class MegatronRecovery:
             log.error("recover: replacement of rank %s cannot join: %s", os.environ.get("RANK"), exc)
             raise SystemExit(EXIT_ON_ERROR) from None
         step, resume = resumption(standings)
+        if not resume:  # the survivors refuse it too, and fall back
+            log.error("recover: replacement of rank %s cannot join: the survivors stand where no single point of "
+                      "the loop serves them all", os.environ.get("RANK"))
+            raise SystemExit(EXIT_ON_ERROR)
         newest = next(standing for standing in standings.values() if standing.completed == step)
         behind = 1 if resume == LOG else 0  # it runs the end of step K with the survivors: it starts as at K - 1
         per_step = megatron("core.num_microbatches_calculator").get_num_microbatches()
-        samples = megatron("core.parallel_state").get_data_parallel_world_size() * megatron_args.micro_batch_size * per_step
+        data_parallel = megatron("core.parallel_state").get_data_parallel_world_size()
+        samples = data_parallel * megatron_args.micro_batch_size * per_step
         flops = megatron("training.training").num_floating_point_operations(megatron_args, samples)
         megatron_args.iteration = step - behind
         megatron_args.consumed_train_samples = newest.consumed - behind * samples

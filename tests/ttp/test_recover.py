@@ -33,8 +33,10 @@ from ttp_runs import DP4, ITERS, SHARDS, TP, Job, Launch, committed_dump, run_su
 
 RECOVER = {"FT_PLUGINS": "ttp,recover"}
 INTERVAL = 3  # the chained run's periodic saves: steps 3 and 6
-FIRST, SAVED, UPDATED = 2, 3, 4  # rank 1 in forward after 2 completed steps; rank 0 in the save of 3; rank 3 in step 5's update
-FAULTS = f"rank=1,step={FIRST},kind=kill;rank=0,step={SAVED},kind=kill,at=save;rank=3,step={UPDATED},kind=kill,at=update"
+# rank 1 killed in forward after 2 completed steps, rank 0 in the save of step 3, rank 3 inside step 5's update
+FIRST, SAVED, UPDATED = 2, 3, 4
+FAULTS = (f"rank=1,step={FIRST},kind=kill;rank=0,step={SAVED},kind=kill,at=save;"
+          f"rank=3,step={UPDATED},kind=kill,at=update")
 LAGGED = 2  # TP: rank 1 killed inside its update in the step after 2 completed steps
 
 
