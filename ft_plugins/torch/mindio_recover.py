@@ -175,8 +175,8 @@ class MindioRecovery:
         count = store.add(f"mindio/rebuilds/{rank}", 1)
         self._complete(self.regroup.join(rank, world, PrefixStore(f"mindio/{count}/world/", store), self._roots()))
         if self.replacement or is_rank_zero():
-            log.warning("recover: MindIO rebuild_group on rank %d: the groups rebuilt with the replacement of rank%s %s",
-                        rank, "" if len(fault_ranks) == 1 else "s", ", ".join(map(str, fault_ranks)))
+            log.warning("recover: MindIO rebuild_group on rank %d: the groups rebuilt with the replacement of "
+                        "rank%s %s", rank, "" if len(fault_ranks) == 1 else "s", ", ".join(map(str, fault_ranks)))
 
     def _repair(self, step: int, info: dict[str, Any]) -> None:
         import torch.distributed as dist

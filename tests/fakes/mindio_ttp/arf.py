@@ -3,10 +3,10 @@
 
 As in MindIO, the controller runs in rank 0's process (``tft_start_controller``) and every processor
 connects to it (``tft_start_processor``); here the channel is a ``FileStore`` named after the launcher's
-pid and the controller's port (no socket of its own: one host, and nothing a process group could
-mistake for its connections). The controller watches every registered processor's pid. When one dies it drives the handlers
-in MindIO's order, each in the processor's own thread while the training thread waits inside
-``tft_exception_handler``:
+pid and the controller's port, beside ``FT_FAKE_RECORD`` (no socket of its own: one host, and nothing a
+process group could mistake for its connections). The controller watches every registered processor's
+pid. When one dies it drives the handlers in MindIO's order, each in the processor's own thread while the
+training thread waits inside ``tft_exception_handler``:
 
 1. ``stop(args, ctx)`` on every survivor, then it waits for that rank's training thread to report
    its failure (MindIO's stop waits for the same);
@@ -47,7 +47,9 @@ def _store(port):
 
     from torch.distributed import FileStore
 
-    store = FileStore(os.path.join(tempfile.gettempdir(), f"fake_mindio_{os.getppid()}_{port}.store"), -1)
+    record_file = os.environ.get("FT_FAKE_RECORD")  # beside the calls' record (a test's own directory), else /tmp
+    folder = os.path.dirname(os.path.abspath(record_file)) if record_file else tempfile.gettempdir()
+    store = FileStore(os.path.join(folder, f"fake_mindio_{os.getppid()}_{port}.store"), -1)
     store.set_timeout(timedelta(seconds=limit()))
     return store
 
