@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set up (if needed) and run the whole test suite (what CI runs), in two pytest workers (a module's tests
-# stay in one worker, so its shared runs are made once; the longest modules start first).
+# Set up (if needed) and run the whole test suite (what CI runs), in two pytest workers: a module's tests,
+# and modules sharing a run, stay in one worker, so that each run is made once; the longest start first
+# (tests/conftest.py).
 # `--fast`: unit and single-process tests only (no multi-rank training run, no launcher job, none that
 # imports a whole framework tree), for working. Any further arguments go to pytest (`-n 0`: one process).
 set -euo pipefail
@@ -19,4 +20,4 @@ if [ "${1:-}" = "--fast" ]; then
   set -- "${FAST[@]}" "$@"
 fi
 bash scripts/setup.sh
-exec .venv/bin/python -m pytest -n 2 --dist loadfile "$@"
+exec .venv/bin/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder "$@"

@@ -11,27 +11,38 @@ from support import vendor_modules_isolated
 
 pytest_plugins = ("skips_fail_in_ci",)
 
-# The modules whose real multi-process runs take longest, longest first: they start first, so that a
-# parallel run (``scripts/test.sh`` runs two pytest workers, one module each at a time) does not end
-# with one of them running alone while the other worker idles.
+# Modules that share a session-scoped run (their reference run) go to one pytest worker, so that the
+# run is made once (``scripts/test.sh`` runs two workers, ``--dist loadgroup``); every other module is
+# a group of its own, its module-scoped runs made once too.
+SHARING = {
+    "ttp-4-ranks": ("ttp/test_recover.py", "ttp/test_mindio_recover.py", "ttp/test_model_parallel.py"),
+    "ttp-2-ranks": ("ttp/test_builtin_engine.py", "ttp/test_mindio_engine.py", "ttp/test_auto_restart.py"),
+    "hf-trainer": ("hf/test_trainer_ttp.py", "hf/test_trainer_runs.py", "hf/test_trainer_hooks.py"),
+}
+# The groups whose real multi-process runs take longest, longest first: they start first, so that the
+# run does not end with one of them running alone while the other worker idles.
 LONGEST_FIRST = (
-    "ttp/test_recover.py", "hf/test_trainer_ttp.py", "ttp/test_replicated_dump.py", "checkpoint/test_megatron.py",
-    "ttp/test_model_parallel.py", "ttp/test_builtin_engine.py", "mindspore/test_msrun.py", "hf/test_trainer_runs.py",
-    "launch/test_real_taskd.py", "ttp/test_auto_restart.py", "torch_plugin/test_replica_option.py",
+    "ttp-4-ranks", "hf-trainer", "ttp-2-ranks", "ttp/test_replicated_dump.py", "checkpoint/test_megatron.py",
+    "mindspore/test_msrun.py", "launch/test_real_taskd.py", "torch_plugin/test_replica_option.py",
     "torch_plugin/test_replicated_zero.py", "patch/test_patched_runs.py", "hf/test_accelerate_runs.py",
+    "torch_plugin/test_megatron_runs.py",
 )
+_GROUP = {module: group for group, modules in SHARING.items() for module in modules}
+_TESTS = Path(__file__).resolve().parent
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The longest modules first, every module's tests in their own order (the sort is stable)."""
-    tests = Path(__file__).resolve().parent
+    """Each test marked with its module's worker group; the longest groups first, every module's tests
+    in their own order (the sort is stable)."""
     rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
 
-    def module(item: pytest.Item) -> int:
-        path = Path(str(item.path))
-        return rank.get(path.relative_to(tests).as_posix() if path.is_relative_to(tests) else "", len(rank))
+    def group(item: pytest.Item) -> str:
+        module = item.path.relative_to(_TESTS).as_posix() if item.path.is_relative_to(_TESTS) else str(item.path)
+        return _GROUP.get(module, module)
 
-    items.sort(key=module)
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group(item)))
+    items.sort(key=lambda item: rank.get(group(item), len(rank)))
 
 
 @pytest.fixture(autouse=True)
