@@ -20,4 +20,4 @@ if [ "${1:-}" = "--fast" ]; then
   set -- "${FAST[@]}" "$@"
 fi
 bash scripts/setup.sh
-exec .venv/bin/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder "$@"
+exec .venv/bin/python -m pytest -n 2 "$@"

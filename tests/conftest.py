@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,8 +13,8 @@ from support import vendor_modules_isolated
 pytest_plugins = ("skips_fail_in_ci",)
 
 # Modules that share a session-scoped run (their reference run) go to one pytest worker, so that the
-# run is made once (``scripts/test.sh`` runs two workers, ``--dist loadgroup``); every other module is
-# a group of its own, its module-scoped runs made once too.
+# run is made once (``scripts/test.sh`` runs two workers); every other module is a group of its own, its
+# module-scoped runs made once too.
 SHARING = {
     "ttp-4-ranks": ("ttp/test_recover.py", "ttp/test_mindio_recover.py", "ttp/test_model_parallel.py"),
     "ttp-2-ranks": ("ttp/test_builtin_engine.py", "ttp/test_mindio_engine.py", "ttp/test_auto_restart.py"),
@@ -31,18 +32,30 @@ _GROUP = {module: group for group, modules in SHARING.items() for module in modu
 _TESTS = Path(__file__).resolve().parent
 
 
+def _group(path: str) -> str:
+    """The worker group of the module at ``path`` (a path, or a test id's file part, from the root)."""
+    module = Path(path).resolve()
+    name = module.relative_to(_TESTS).as_posix() if module.is_relative_to(_TESTS) else str(module)
+    return _GROUP.get(name, name)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Each test marked with its module's worker group; the longest groups first, every module's tests
-    in their own order (the sort is stable)."""
+    """The longest groups first, every module's tests in their own order (the sort is stable)."""
     rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(_group(str(item.path)), len(rank)))
 
-    def group(item: pytest.Item) -> str:
-        module = item.path.relative_to(_TESTS).as_posix() if item.path.is_relative_to(_TESTS) else str(item.path)
-        return _GROUP.get(module, module)
 
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(group(item)))
-    items.sort(key=lambda item: rank.get(group(item), len(rank)))
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist hands out whole groups, in the collection's order."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(str(config.rootpath / nodeid.split("::", 1)[0]))
+
+    config.option.loadscopereorder = False
+    return ByGroup(config, log)
 
 
 @pytest.fixture(autouse=True)
