@@ -18,6 +18,7 @@ through a module that imports it; the run falls back to Megatron's own tokenizer
 from __future__ import annotations
 
 import functools
+import importlib
 import sys
 import types
 
@@ -143,6 +144,8 @@ def install() -> None:
         major=8, minor=0, name="cpu", total_memory=24 << 30, multi_processor_count=2)
     cuda.get_device_name = lambda *a, **k: "cpu"
     torch.compile = _eager
+    if "megatron" in sys.modules:  # imported before the shim (a warm spare preloads it): its fusions hold the real one
+        importlib.import_module("torch._dynamo").config.disable = True
     sys.modules.setdefault("transformers", None)  # megatron-core: "HAVE_TRANSFORMERS = False"
     _CudaToCpu().__enter__()
 

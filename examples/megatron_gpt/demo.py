@@ -12,6 +12,9 @@ Run 4 kills a rank in the middle of a job whose periodic saves are far away, the
 same command again: Megatron alone starts from scratch; with ``FT_PLUGINS=ttp,resume`` the
 survivor dumps the last completed step and the relaunch resumes from it. One line each: steps
 lost, time to dump, time back to the step where the fault hit.
+Run 5 is the same fault under ``ft-plugins run`` with ``FT_PLUGINS=ttp,recover``: the job never
+stops. torchrun replaces only the lost worker, the survivor keeps its process and sends the new one
+the state of the last completed step, and the job ends with exit 0, no checkpoint read or written.
 
     python examples/megatron_gpt/demo.py [--workdir DIR]
 """
@@ -146,6 +149,30 @@ def dying_gasp_act(workdir: Path, iters: int = 8, fault_step: int = 5) -> None:
               f"{back.total_seconds():.1f} s after step {fault_step} (relaunch included); logs in {run}")
 
 
+def in_place_act(workdir: Path, iters: int = 8, fault_step: int = 5) -> None:
+    """Run 4's fault once more, recovered in place: one command, no relaunch, no checkpoint."""
+    fault = f"rank=1,step={fault_step},kind=kill"
+    print("\n== Run 5: the same fault under `ft-plugins run` with FT_PLUGINS=ttp,recover (in-place recovery)")
+    run = workdir / "in_place"
+    run.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "FT_FAKE"))}
+    env.update(FT_PLUGINS="ttp,recover", FT_PLUGINS_INJECT_FAULT=fault)
+    save = run / "checkpoints"
+    command = [*FT_RUN, TORCHRUN, "--nproc-per-node", "2", "--master-port", str(free_port()),
+               str(HERE / "pretrain_gpt.py"), "--train-iters", str(iters), "--save", str(save),
+               "--save-interval", "100"]
+    log = run / "train.log"
+    with log.open("w") as handle:
+        code = subprocess.run(command, env=env, stdout=handle, stderr=subprocess.STDOUT, cwd=run).returncode
+    lines = log.read_text().splitlines()
+    show_log([line for line in lines if "recover:" in line])
+    steps = [number for number, _ in _iterations(lines, iters)]
+    written = sorted(path.name for path in save.glob("iter_*")) if save.exists() else []
+    print(f"  exit code {code}; steps trained {steps[0] if steps else '-'}..{steps[-1] if steps else '-'} "
+          f"({len(steps)} progress lines for {iters} steps); checkpoints written: {', '.join(written) or 'none'} "
+          f"(only pretrain()'s final save); logs in {run}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, default=None)
@@ -190,6 +217,7 @@ def main() -> None:
     show_log(lines, "iteration        9/", "loaded checkpoint from")
     show({rank: {"resume": report["resume"]} for rank, report in reports.items()})
     dying_gasp_act(workdir)
+    in_place_act(workdir)
     print(f"\nlogs, checkpoints and reports: {workdir}")
 
 

@@ -46,8 +46,9 @@ def _latest_step(root: Path) -> tuple[int | None, int | None]:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Job:
     """The job uninterrupted, MindSpore alone; its msrun is SIGTERMed after step 3 and dies at once (143),
-    while its workers and scheduler, orphaned, train on to the end: that end is the reference."""
-    job = msrun_jobs.start(tmp_path_factory.mktemp("reference"), "plain", job_env())
+    while its workers and scheduler, orphaned, train on to the end: that end is the reference. The steps
+    after step 3 are slowed (values unchanged), so that the signal always finds msrun still running."""
+    job = msrun_jobs.start(tmp_path_factory.mktemp("reference"), "plain", job_env(FT_TEST_SLOW="3"))
     msrun_jobs.wait_for_step(job, 0, 3)
     job.process.send_signal(signal.SIGTERM)
     msrun_jobs.wait(job)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import sys
 from types import SimpleNamespace
 from typing import Any
 
@@ -105,16 +104,15 @@ def test_nothing_read_or_dumped_every_step_trained_once(arf_run: tuple[Job, list
 
 # -- in process: refusals, and the dump after them --------------------------------------------------------
 @pytest.fixture
-def mindio(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The stand-in's ``framework_ttp`` imported here; every vendor module it brought is gone afterwards."""
+def mindio(monkeypatch: pytest.MonkeyPatch, isolated_vendor_modules: None) -> Any:
+    """The stand-in's ``framework_ttp`` imported here; every vendor module it brought (taskd's too) is gone
+    afterwards."""
     monkeypatch.syspath_prepend(str(FAKES))
     monkeypatch.delenv("FT_FAKE_RECORD", raising=False)
     monkeypatch.setenv("RANK", "0")
     import mindio_ttp.framework_ttp as api
 
-    yield api
-    for name in [name for name in sys.modules if name.split(".")[0] in ("mindio_ttp", "torch_npu", "fake_record")]:
-        del sys.modules[name]
+    return api
 
 
 class Writer:
