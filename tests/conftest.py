@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,17 @@ def fresh_log_memory():
     from ft_plugins.runtime import forget_what_was_said
 
     forget_what_was_said()
+
+
+@pytest.fixture(autouse=True)
+def signals_given_back():
+    """A test that takes SIGTERM or SIGINT (MindIO's stand-in ignores them, as MindIO does) gives them back:
+    every process a later test starts would inherit the ignored signal."""
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for signum, handler in saved.items():
+        if handler is not None and signal.getsignal(signum) is not handler:
+            signal.signal(signum, handler)
 
 
 @pytest.fixture
