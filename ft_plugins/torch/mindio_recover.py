@@ -34,7 +34,7 @@ from ft_plugins.rank import global_rank, is_rank_zero
 from ft_plugins.recovery import key, namespace
 from ft_plugins.torch import loop
 from ft_plugins.torch.handover import Batches, apply, receive, send, set_rng, state_at, without_load
-from ft_plugins.torch.regroup import Regroup
+from ft_plugins.torch.regroup import Regroup, megatron_roots, require_successors
 from ft_plugins.torch.state import megatron, megatron_args
 from ft_plugins.vendors import mindio
 
@@ -140,7 +140,8 @@ class MindioRecovery:
             rank, world = global_rank() or 0, int(os.environ["WORLD_SIZE"])
             from torch.distributed import PrefixStore
 
-            self._complete(self.regroup.hold(rank, world, PrefixStore("mindio-hold/", self._store()), self._roots()))
+            require_successors(self.regroup.hold(rank, world, PrefixStore("mindio-hold/", self._store()),
+                                                   megatron_roots(self.objects)), Refused)
         except Exception as exc:
             self._refusal("clean", exc)
             return mindio.RET_ERROR
@@ -173,7 +174,8 @@ class MindioRecovery:
         store = self._store()
         # every rebuild involves every rank, and a replacement carries its rank's count on: all agree
         count = store.add(f"mindio/rebuilds/{rank}", 1)
-        self._complete(self.regroup.join(rank, world, PrefixStore(f"mindio/{count}/world/", store), self._roots()))
+        require_successors(self.regroup.join(rank, world, PrefixStore(f"mindio/{count}/world/", store),
+                                               megatron_roots(self.objects)), Refused)
         if self.replacement or is_rank_zero():
             log.warning("recover: MindIO rebuild_group on rank %d: the groups rebuilt with the replacement of "
                         "rank%s %s", rank, "" if len(fault_ranks) == 1 else "s", ", ".join(map(str, fault_ranks)))
@@ -279,15 +281,6 @@ class MindioRecovery:
 
     def _held(self) -> str:
         return "a torn state" if self.mine is None else f"step {self.mine[0]}"
-
-    def _roots(self) -> tuple[Any, ...]:
-        model, optimizer, _ = self.objects
-        return model, optimizer, megatron("core.utils").get_model_config(model[0])
-
-    @staticmethod
-    def _complete(stale: list[str]) -> None:
-        if stale:
-            raise Refused(f"process groups without a successor still held: {', '.join(stale[:3])}")
 
     def _launcher_store(self) -> Any:
         from torch.distributed import PrefixStore

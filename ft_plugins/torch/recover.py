@@ -45,7 +45,7 @@ from ft_plugins.recovery import (LOG, SAVE as SAVING, STEP, Standing, key, names
 from ft_plugins.steps import FORWARD, IDLE, UPDATED
 from ft_plugins.torch import loop
 from ft_plugins.torch.handover import Batches, apply, receive, send, set_rng, state_at, without_load
-from ft_plugins.torch.regroup import Regroup
+from ft_plugins.torch.regroup import Regroup, megatron_roots, require_successors
 from ft_plugins.torch.state import current_iteration, megatron
 from ft_plugins.torch.ttp import MegatronTtp
 from ft_plugins.triggers import EXIT_ON_ERROR
@@ -207,7 +207,8 @@ class MegatronRecovery:
                 if self.refusal:
                     raise Fallback(self.refusal)
                 store = self._store()
-                self._held(self.regroup.hold(rank, world, _holding_store(store), self._roots()))
+                require_successors(self.regroup.hold(rank, world, _holding_store(store), megatron_roots(self.objects)),
+                                   Fallback)
                 self._await(generation, "lost", "the launcher's announcement of a replacement")
                 store.set(key(generation, f"state/{rank}"), standing.encode())
                 self._await(generation, "joined", "the replacement")
@@ -231,7 +232,8 @@ class MegatronRecovery:
                     store.set(key(generation, "joined"), str(rank))
                 from torch.distributed import PrefixStore
 
-                self._held(self.regroup.join(rank, world, PrefixStore(key(generation, "world/"), store), self._roots()))
+                require_successors(self.regroup.join(rank, world, PrefixStore(key(generation, "world/"), store),
+                                                       megatron_roots(self.objects)), Fallback)
                 self.joined = True
                 standings = self._standings(generation, world)
                 mpu = megatron("core.parallel_state")
@@ -343,7 +345,8 @@ class MegatronRecovery:
         try:
             self._store().set(key(generation, "abandoned"), reason)
             if not self.regroup.holding():
-                self.regroup.hold(dist.get_rank(), dist.get_world_size(), _holding_store(self._store()), self._roots())
+                self.regroup.hold(dist.get_rank(), dist.get_world_size(), _holding_store(self._store()),
+                                   megatron_roots(self.objects))
         except Exception as exc:
             log.info("recover: groups not held before the dump: %s: %s", type(exc).__name__, exc)
         # the data loader's SIGCHLD handler raises here when its workers end (torchrun's SIGTERM reaches
@@ -362,16 +365,6 @@ class MegatronRecovery:
             return Standing(-1, iteration, 0, 0.0), None
         completed, consumed = snapshot[1], snapshot[3]
         return Standing(completed, iteration, consumed, self.writer.flops(completed, megatron_args)), snapshot
-
-    def _roots(self) -> tuple[Any, ...]:
-        """What holds process groups: the model chunks (DDP, its buckets), the optimizer, the model config."""
-        model, optimizer, _ = self.objects
-        return model, optimizer, megatron("core.utils").get_model_config(model[0])
-
-    @staticmethod
-    def _held(stale: list[str]) -> None:
-        if stale:
-            raise Fallback(f"process groups without a successor still held: {', '.join(stale[:3])}")
 
     def _align(self, phase: str, rng: Any) -> None:
         """Called holding ttp's lock: its step tracker says what this rank now holds."""

@@ -21,12 +21,26 @@ from datetime import timedelta
 from typing import Any, Callable, Iterable
 
 from ft_plugins.patching import Patch
+from ft_plugins.torch.state import megatron
 
 log = logging.getLogger("ft_plugins.recover")
 
 DESTROY_BOUND = 10.0  # seconds; measured: destroying a broken gloo group takes <= 30 ms
 DEFAULT = "<default>"
 _DESCEND = ("megatron", "mindspeed", "ft_plugins", "torch.nn")
+
+
+def megatron_roots(objects: tuple[Any, Any, Any]) -> tuple[Any, ...]:
+    """What holds process groups, from ``setup_model_and_optimizer``'s (model, optimizer, scheduler): the model
+    chunks (DDP, its buckets), the optimizer, the model config."""
+    model, optimizer, _ = objects
+    return model, optimizer, megatron("core.utils").get_model_config(model[0])
+
+
+def require_successors(stale: list[str], error: type[Exception]) -> None:
+    """Raise ``error`` when a rebuild left references to old groups (``hold``'s and ``join``'s answer)."""
+    if stale:
+        raise error(f"process groups without a successor still held: {', '.join(stale[:3])}")
 
 
 def _parallel_state() -> Any:
