@@ -70,6 +70,25 @@ def start_processor(master_ip, port, rank, world_size):
     threading.Thread(target=_serve, args=(store, rank), name="mindio-processor", daemon=True).start()
 
 
+def watch_peers(port, rank, world_size, on_loss):
+    """Dump mode: register this process, then call ``on_loss`` (in a thread) once another rank's
+    registered process is gone."""
+    store = _store(port)
+    store.set(f"pid/{rank}", str(os.getpid()))
+
+    def watch():
+        peers = {}
+        while True:
+            time.sleep(0.1)
+            if len(peers) < world_size:
+                peers = {r: int(store.get(f"pid/{r}")) for r in range(world_size) if store.check([f"pid/{r}"])}
+            if any(not _alive(pid) for pid in peers.values()):
+                on_loss()
+                return
+
+    threading.Thread(target=watch, name="mindio-processor", daemon=True).start()
+
+
 def is_reboot_node():
     return _arf["reboot"]
 

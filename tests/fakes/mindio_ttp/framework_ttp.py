@@ -4,9 +4,13 @@ Like the real module it imports ``torch_npu`` at import time. A controller threa
 started on first use) serves dump requests as MindIO's controller does after a rank failed: it calls
 the registered save handler ``func(step, save_info, args, ctx)`` in a new thread, then the rename
 handler: ``func(step, args)`` on PyTorch, ``func(step, ctx)`` with ``MINDIO_FOR_MINDSPORE=1``.
-Requests come from ``fake_controller_dying_gasp(step)`` and from ``tft_exception_handler``: an
-exception out of the guarded function is reported and the last step reported by
-``tft_end_updating_os`` is dumped before the exception goes on (the controller's "dump, then exit").
+Requests come from ``fake_controller_dying_gasp(step)``, from ``tft_exception_handler`` (an
+exception out of the guarded function is reported and the last step reported by ``tft_end_updating_os``
+is dumped before the exception goes on: the controller's "dump, then exit") and, on PyTorch once the
+processor has started, from a watcher of the other ranks' processes (:func:`arf.watch_peers`): MindIO's
+controller asks every survivor for the dump when a process is lost, whatever its training thread is
+blocked in (a rank whose collectives never reach the lost one learns of the loss only that way). One dump
+per step and process: later requests of the same step get the first one's outcome.
 Once a dump has started ``tft_start_updating_os`` raises. On PyTorch, registering the save handler
 makes SIGTERM and SIGINT do nothing, as MindIO's ``SaveHandler.register`` does.
 ``FT_FAKE_TTP_INIT=raise`` makes ``tft_init_processor`` raise like a failed processor start.
@@ -19,13 +23,14 @@ import os
 import queue
 import signal
 import threading
+import time
 
 import torch_npu  # noqa: F401  (the real module imports it at import time)
 from fake_record import misbehave, record
 from mindio_ttp import arf
 
 handlers = {}
-_state = {"step_args": None, "step": 0, "dumping": False, "controller": None, "arf": False, "arf_controller": False,
+_state = {"step_args": None, "step": 0, "dumping": False, "updating": False, "dumps": {}, "controller": None, "arf": False, "arf_controller": False,
           "rank": 0, "world": 1}
 _lock = threading.Lock()
 
@@ -79,6 +84,8 @@ def tft_start_processor(master_ip, port, local_ip=''):
     record("tft_start_processor", master_ip, port, local_ip)
     if _state["arf"]:
         arf.start_processor(master_ip, port, _state["rank"], _state["world"])
+    elif os.environ.get("MINDIO_FOR_MINDSPORE") != "1":
+        arf.watch_peers(port, _state["rank"], _state["world"], _dump_on_loss)
 
 
 def tft_destroy_processor():
@@ -110,13 +117,14 @@ def tft_start_updating_os(backup_step=-1):
     record("tft_start_updating_os", backup_step)
     if _state["dumping"]:
         raise RuntimeError("tft_start_updating_os: a dump has started, the optimizer must not update")
+    _state["updating"] = True
 
 
 def tft_end_updating_os(step):
     if step < 1:
         raise ValueError(f"tft_end_updating_os: step must be >= 1, got {step}")
     record("tft_end_updating_os", step)
-    _state["step"] = step
+    _state.update(step=step, updating=False)
     if _state["arf"]:
         arf.updated(step)
 
@@ -188,9 +196,23 @@ for _kind in ("save_ckpt", "rename", "exit", "stop", "clean", "repair", "rollbac
     globals()[f"tft_register_{_kind}_handler"] = _register(_kind)
 
 
+def _dump_on_loss():
+    """A peer's process is gone: once this rank's update (if any) has ended, dump its last step."""
+    deadline = time.monotonic() + 10
+    while _state["updating"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if _state["step"] >= 1 and "save_ckpt" in handlers:
+        try:
+            fake_controller_dying_gasp(_state["step"])
+        except Exception as exc:  # the controller logs it; the training thread goes on to fail
+            record("fake_controller_dump_failed", type(exc).__name__, str(exc))
+
+
 def _dump(step, save_info):
-    """The controller's dump on this rank: save in a new thread, then rename."""
-    errors = []
+    """The controller's dump on this rank, once per step: save in a new thread, then rename."""
+    if step in _state["dumps"]:
+        return _state["dumps"][step]
+    errors = _state["dumps"][step] = []
 
     def run():
         try:
