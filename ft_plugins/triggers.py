@@ -40,6 +40,7 @@ class DyingGasp:
 
     def fire(self, reason: str, code: int, error: BaseException | None = None) -> None:
         """Freeze the tracker, save once (further callers wait for the first: the main thread parks), exit."""
+        ignore_children()  # from here the process ends, whichever trigger saves
         try:
             frozen = self.tracker.freeze(self.wait)
         except AlreadyFrozen:
@@ -55,6 +56,14 @@ class DyingGasp:
             return
         self._watching = True
         watch_signal(signal.SIGTERM, lambda: self.fire("SIGTERM", EXIT_ON_SIGTERM), "ft_plugins-ttp-sigterm")
+
+
+def ignore_children() -> None:
+    """In a process that is about to exit, from its main thread: a child's end no longer raises there.
+    torchrun stops a worker's whole process group, data loader workers included, and torch's SIGCHLD
+    handler raises their end in the main thread: in the middle of a dump, or of a wait on MindIO."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
 
 def watch_signal(signum: int, act: Callable[[], None], name: str) -> None:

@@ -20,7 +20,7 @@ from ft_plugins.steps import UPDATED, StepTracker
 from ft_plugins.torch.megatron_dump import MegatronDump
 from ft_plugins.torch.state import megatron, megatron_args
 from ft_plugins.logs import exit_now
-from ft_plugins.triggers import EXIT_ON_ERROR, UPDATE_WAIT
+from ft_plugins.triggers import EXIT_ON_ERROR, UPDATE_WAIT, ignore_children
 from ft_plugins.vendors.mindio import TorchProcess, load_framework_api
 
 log = logging.getLogger("ft_plugins.ttp")
@@ -86,8 +86,11 @@ class MindioDriver:
         return ok
 
     def step_failed(self) -> None:
-        """MindIO's exception handler takes the error to the controller; the main thread changes nothing more."""
+        """MindIO's exception handler takes the error to the controller; the main thread changes nothing more
+        (and, unless recover may repair this process, waits there for MindIO's dump and exit)."""
         self.tracker.stand_still()
+        if self.recovery is None:
+            ignore_children()
 
     def step_completed(self, completed: int) -> None:
         if self.process is not None:

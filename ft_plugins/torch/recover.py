@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import time
 from datetime import timedelta
 from typing import Any, Callable
@@ -349,9 +348,6 @@ class MegatronRecovery:
                                    megatron_roots(self.objects))
         except Exception as exc:
             log.info("recover: groups not held before the dump: %s: %s", type(exc).__name__, exc)
-        # the data loader's SIGCHLD handler raises here when its workers end (torchrun's SIGTERM reaches
-        # them), which would cut the dump short: this process no longer cares about its children
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         self.gasp.fire(f"recover fell back ({reason})", EXIT_ON_ERROR)
 
     # -- helpers -----------------------------------------------------------------------------------

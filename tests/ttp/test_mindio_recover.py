@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
 from types import SimpleNamespace
 from typing import Any
 
@@ -233,3 +234,25 @@ def test_without_recover_the_old_handlers_decline_and_mindio_can_only_dump(mindi
     assert [_answer(arf, "rebuild_group", [1]), _answer(arf, "repair", _repair()), _answer(arf, "rollback", FIRST)] \
         == [1, 1, 1]
 
+
+
+def test_a_failed_step_stops_children_ending_raising_in_the_main_thread_unless_recover_may_repair_it() -> None:
+    """Without recover the main thread only waits for MindIO's dump and exit, while torchrun ends the data
+    loader workers (torch's SIGCHLD handler would raise in that wait); a process that may be repaired
+    trains on and keeps the data loader's watch on its workers."""
+    from ft_plugins.steps import StepTracker
+    from ft_plugins.torch.mindio import MindioDriver
+
+    def data_loader(signum: int, frame: Any) -> None:  # what torch's DataLoader installs
+        raise RuntimeError("DataLoader worker is killed by signal: Terminated.")
+
+    previous = signal.signal(signal.SIGCHLD, data_loader)
+    try:
+        repairable = MindioDriver(None, StepTracker(), Writer())
+        repairable.recovery = object()
+        repairable.step_failed()
+        assert signal.getsignal(signal.SIGCHLD) is data_loader
+        MindioDriver(None, StepTracker(), Writer()).step_failed()
+        assert signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
