@@ -1,8 +1,9 @@
 """What a replaced or lagging rank receives in ``recover``: the state a save at step K holds, from a peer.
 
 The holder builds it as Megatron's ``save_checkpoint`` at K would (``generate_state_dict``: model,
-optimizer, scheduler, RNG, arguments with the consumed samples at K, floating point operations),
-serializes it with ``torch.save`` into memory and sends it point to point inside the data-parallel
+optimizer, scheduler, RNG, arguments with the consumed samples at K, floating point operations; with the
+distributed optimizer also the holder's own shard of the parameter state, which only a rank at the same
+place of another optimizer instance holds too), serializes it with ``torch.save`` into memory and sends it point to point inside the data-parallel
 group (size, then bytes); the receiver applies it as Megatron's ``load_checkpoint`` would. No file is
 written or read. :class:`Batches` keeps a step's batches so that a step run again reads the same data.
 """
@@ -13,33 +14,35 @@ import copy
 import io
 import logging
 import random
-import sys
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+from ft_plugins.torch.state import megatron, sharded_optimizers
+
 log = logging.getLogger("ft_plugins.recover")
 
-
-def _megatron(name: str) -> Any:
-    return sys.modules[f"megatron.{name}"]
+PARAMETER_STATE = "ft_plugins_parameter_state"  # the distributed optimizer's shard, one per sharded optimizer
 
 
 def state_at(model: Any, optimizer: Any, scheduler: Any, iteration: int, rng: Any, consumed: int,
              flops: float) -> dict[str, Any]:
     """What a save at ``iteration`` holds."""
-    megatron_args = _megatron("training.global_vars").get_args()
+    megatron_args = megatron("training.global_vars").get_args()
     state_args = copy.copy(megatron_args)
     state_args.consumed_train_samples = consumed
-    state = _megatron("training.checkpointing").generate_state_dict(
-        state_args, _megatron("training.utils").unwrap_model(model), optimizer, scheduler, rng, iteration=iteration)
+    state = megatron("training.checkpointing").generate_state_dict(
+        state_args, megatron("training.utils").unwrap_model(model), optimizer, scheduler, rng, iteration=iteration)
     state["num_floating_point_operations_so_far"] = flops
+    shards = [member.get_parameter_state_dp_reshardable() for member in sharded_optimizers(optimizer)]
+    if shards:
+        state[PARAMETER_STATE] = shards
     return state
 
 
 @contextmanager
 def without_load(who: str) -> Iterator[None]:
     """Megatron's ``--load`` / ``--pretrained-checkpoint`` ignored meanwhile: ``who``'s state comes from a peer."""
-    megatron_args = _megatron("training.global_vars").get_args()
+    megatron_args = megatron("training.global_vars").get_args()
     kept = megatron_args.load, getattr(megatron_args, "pretrained_checkpoint", None)
     if any(kept):
         log.warning("recover: %s: --load ignored, the state comes from a peer", who)
@@ -78,15 +81,25 @@ def receive(source: int, group: Any) -> dict[str, Any]:
 
 def apply(state: dict[str, Any], model: Any, optimizer: Any, scheduler: Any) -> None:
     """Load ``state`` into the live objects, as Megatron's ``load_checkpoint`` does."""
-    megatron_args = _megatron("training.global_vars").get_args()
-    chunks = _megatron("training.utils").unwrap_model(model)
+    megatron_args = megatron("training.global_vars").get_args()
+    chunks = megatron("training.utils").unwrap_model(model)
     for index, chunk in enumerate(chunks):
         chunk.load_state_dict(state["model"] if len(chunks) == 1 else state[f"model{index}"], strict=False)
     optimizer.load_state_dict(state["optimizer"])
     if megatron_args.fp16 or megatron_args.bf16:
         optimizer.reload_model_params()
+    for member, shard in zip(sharded_optimizers(optimizer), state.get(PARAMETER_STATE, ())):
+        for bucket in (bucket for dtypes in _buffers(shard) for buckets in dtypes.values() for bucket in buckets):
+            for entry in bucket:
+                entry.setdefault("padding", False)  # what megatron's loader asks of each entry
+        member.load_parameter_state_from_dp_reshardable(shard)  # main parameters (exact) and moments
     scheduler.load_state_dict(state["opt_param_scheduler"])
     set_rng(state["rng_state"])
+
+
+def _buffers(shard: dict[Any, Any]) -> list[dict[Any, Any]]:
+    """The per-buffer parts of ``get_parameter_state_dp_reshardable`` (integer keys; the rest is sizes)."""
+    return [value for key, value in shard.items() if isinstance(key, int)]
 
 
 def set_rng(rng_state: Any) -> None:
@@ -94,7 +107,7 @@ def set_rng(rng_state: Any) -> None:
     import numpy as np
     import torch
 
-    tensor_parallel = _megatron("core.tensor_parallel")
+    tensor_parallel = megatron("core.tensor_parallel")
     rng = rng_state[0]
     random.setstate(rng["random_rng_state"])
     np.random.set_state(rng["np_rng_state"])

@@ -29,7 +29,7 @@ from ft_plugins.faults import RESTART_VAR
 from ft_plugins.features.ttp import Ttp
 from ft_plugins.rank import global_rank
 from ft_plugins.steps import FORWARD, UPDATED, Frozen
-from ft_plugins.torch.state import megatron, megatron_args
+from ft_plugins.torch.state import megatron, megatron_args, sharded_optimizers
 from ft_plugins.torch.store import claim
 
 log = logging.getLogger("ft_plugins.ttp")
@@ -223,8 +223,7 @@ def instance_state(optimizer: Any, iteration: int) -> Any:
     import torch
     import torch.distributed as dist
 
-    chained = getattr(optimizer, "chained_optimizers", None) or [optimizer]
-    sharded = [member for member in chained if hasattr(member, "get_parameter_state_dp_zero")]
+    sharded = sharded_optimizers(optimizer)
     group = sharded[0].data_parallel_group_gloo
     mine = torch.tensor([iteration], dtype=torch.int64)
     found = [torch.empty_like(mine) for _ in range(group.size())]
@@ -236,7 +235,7 @@ def instance_state(optimizer: Any, iteration: int) -> Any:
     states = [member.get_parameter_state_dp_zero() for member in sharded]
     if sharded[0].data_parallel_group.rank() != 0:
         return None
-    return states[0] if len(chained) == 1 else states
+    return states[0] if len(sharded) == 1 else states
 
 
 def _shards(checkpointing: Any, save_dir: str, iteration: int) -> tuple[str, tuple[str, ...]]:

@@ -21,6 +21,10 @@ starts a step earlier and counts it as done by its peers); or the periodic save 
 runs again from its top (:mod:`.loop`). An exception raised by a rank's own code is not a lost process:
 see :meth:`MegatronRecovery._raised`.
 
+With Megatron's distributed optimizer a rank's shard of the parameter state is held again only by the
+rank at the same place of another optimizer instance (``FT_PLUGINS_TTP_REPLICAS``): that rank sends it
+with the rest; with one instance nothing can replace a lost rank, and recover says so at the start.
+
 When recovery cannot work (no replacement within the bound, a second fault during the repair, no
 surviving holder of a shard, a group only some object holds) the survivors fall back to ``ttp``'s
 dump, as without this feature, and say why in one line. Continuing with fewer data-parallel ranks
@@ -45,7 +49,7 @@ from ft_plugins.steps import FORWARD, IDLE, UPDATED
 from ft_plugins.torch import loop
 from ft_plugins.torch.handover import Batches, apply, receive, send, set_rng, state_at, without_load
 from ft_plugins.torch.regroup import Regroup, megatron_roots, require_successors
-from ft_plugins.torch.state import current_iteration, megatron
+from ft_plugins.torch.state import current_iteration, megatron, sharded_optimizers
 from ft_plugins.torch.ttp import MegatronTtp
 from ft_plugins.triggers import EXIT_ON_ERROR
 
@@ -105,7 +109,7 @@ class MegatronRecovery:
         names = ("forward_step_func", "model", "optimizer", "opt_param_scheduler", "train_data_iterator",
                  "valid_data_iterator", "process_non_loss_data_func", "config", "checkpointing_context")
         given = {**dict(zip(names, args)), **kwargs}
-        self.refusal = self._unsupported(given["train_data_iterator"])
+        self.refusal = unsupported(given["train_data_iterator"], megatron("training.global_vars").get_args())
         if self.refusal:
             if not self.joined:
                 log.error("recover: replacement of rank %s cannot join: %s", os.environ.get("RANK"), self.refusal)
@@ -235,15 +239,13 @@ class MegatronRecovery:
                                                        megatron_roots(self.objects)), Fallback)
                 self.joined = True
                 standings = self._standings(generation, world)
-                mpu = megatron("core.parallel_state")
-                members = dist.get_process_group_ranks(mpu.get_data_parallel_group(with_context_parallel=True))
-                firsts: list[int] = [0] * world
-                dist.all_gather_object(firsts, min(members))
-                groups = [[r for r in range(world) if firsts[r] == first] for first in sorted(set(firsts))]
+                holds: list[Any] = [None] * world
+                dist.all_gather_object(holds, _what_this_rank_holds(rank, self.objects[1]))
+                groups = [[r for r in range(world) if holds[r] == held] for held in sorted(set(holds))]
                 decided = plan(standings, groups)
                 if decided.refusal:
                     raise Fallback(decided.refusal)
-                outcome = self._hand_over(rank, decided, groups.index(members), mine)
+                outcome = self._hand_over(rank, decided, sorted(set(holds)).index(holds[rank]), mine)
                 store.add(key(generation, "done"), 1)
         except Exception as exc:
             self._fall_back(generation, str(exc) if isinstance(exc, Fallback) else f"{type(exc).__name__}: {exc}")
@@ -403,13 +405,28 @@ class MegatronRecovery:
         return {rank: Standing.decode(self._await(generation, f"state/{rank}", f"rank {rank}'s standing"))
                 for rank in range(world) if rank != lost}
 
-    def _unsupported(self, iterator: Any) -> str:
-        megatron_args = megatron("training.global_vars").get_args()
-        if isinstance(iterator, list) or megatron_args.pipeline_model_parallel_size > 1:
-            return "pipeline parallelism is not handled yet (ttp's dump still is)"
-        if megatron_args.use_distributed_optimizer:
-            return "megatron's distributed optimizer is not handled yet (ttp's dump still is)"
-        return ""
+
+def unsupported(iterator: Any, megatron_args: Any) -> str:
+    """Why a lost rank cannot be replaced in this run (empty when it can)."""
+    if isinstance(iterator, list) or megatron_args.pipeline_model_parallel_size > 1:
+        return "pipeline parallelism is not handled yet (ttp's dump still is)"
+    instances = getattr(megatron_args, "num_distributed_optimizer_instances", 1)
+    if megatron_args.use_distributed_optimizer and instances < 2:
+        return ("megatron's distributed optimizer in one instance: a lost rank's optimizer shard has no other "
+                "holder (FT_PLUGINS_TTP_REPLICAS=2, or --num-distributed-optimizer-instances 2)")
+    return ""
+
+
+def _what_this_rank_holds(rank: int, optimizer: Any) -> tuple[int, int]:
+    """Ranks with the same answer hold the same state: the first rank of the data-parallel group, and with the
+    distributed optimizer this rank's place in its optimizer instance (its shard of the parameter state)."""
+    import torch.distributed as dist
+
+    mpu = megatron("core.parallel_state")
+    members = dist.get_process_group_ranks(mpu.get_data_parallel_group(with_context_parallel=True))
+    sharded = sharded_optimizers(optimizer)
+    place = dist.get_process_group_ranks(sharded[0].data_parallel_group).index(rank) if sharded else 0
+    return min(members), place
 
 
 def _holding_store(store: Any) -> Any:

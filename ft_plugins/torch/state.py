@@ -17,7 +17,6 @@ UPDATES = ("FP32Optimizer.step_with_ready_grads", "MixedPrecisionOptimizer.step_
            "ChainedOptimizer.step_with_ready_grads")
 
 
-
 def megatron(name: str) -> Any:
     """An imported ``megatron.<name>`` module (the glue runs only once megatron imported it)."""
     return sys.modules[f"megatron.{name}"]
@@ -26,6 +25,13 @@ def megatron(name: str) -> Any:
 def megatron_args() -> Any:
     """Megatron's parsed arguments (``get_args()``)."""
     return megatron("training.global_vars").get_args()
+
+
+def sharded_optimizers(optimizer: Any) -> list[Any]:
+    """The distributed optimizers inside ``optimizer`` (a chained one holds several): each holds a shard of
+    its instance's parameter state. Empty without ``--use-distributed-optimizer``."""
+    chained = getattr(optimizer, "chained_optimizers", None) or [optimizer]
+    return [member for member in chained if hasattr(member, "get_parameter_state_dp_reshardable")]
 
 
 def current_iteration(args: tuple, kwargs: dict) -> int:

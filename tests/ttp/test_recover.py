@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -177,3 +178,21 @@ def test_negative_control_without_ft_plugins_the_same_fault_ends_the_job(tmp_pat
     assert job.returncode != 0
     assert job.tracker() is None, "nothing saved: every completed step lost"
     assert job.lines("closing signal SIGTERM"), "torchrun stopped every worker"
+
+
+@pytest.mark.parametrize("layout, iterator, refusal", [
+    ({}, iter(()), ""),
+    ({"use_distributed_optimizer": True, "num_distributed_optimizer_instances": 2}, iter(()), ""),
+    ({"use_distributed_optimizer": True}, iter(()),
+     "megatron's distributed optimizer in one instance: a lost rank's optimizer shard has no other holder "
+     "(FT_PLUGINS_TTP_REPLICAS=2, or --num-distributed-optimizer-instances 2)"),
+    ({"pipeline_model_parallel_size": 2}, iter(()), "pipeline parallelism is not handled yet (ttp's dump still is)"),
+    ({}, [iter(()), iter(())], "pipeline parallelism is not handled yet (ttp's dump still is)"),
+], ids=["data-parallel", "distributed-optimizer-two-instances", "distributed-optimizer-one-instance",
+        "pipeline", "virtual-pipeline-iterators"])
+def test_what_recover_cannot_replace_is_said_at_the_start(layout: dict, iterator: object, refusal: str) -> None:
+    from ft_plugins.torch.recover import unsupported
+
+    megatron_args = SimpleNamespace(**{"pipeline_model_parallel_size": 1, "use_distributed_optimizer": False,
+                                       "num_distributed_optimizer_instances": 1, **layout})
+    assert unsupported(iterator, megatron_args) == refusal

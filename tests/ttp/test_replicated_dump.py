@@ -7,7 +7,9 @@ inside its own gloo group and writes ``model_optim_rng.pt`` and ``distrib_optim.
 uninterrupted run's save of that step; plain ``--load`` ends bit-identical. One rank killed in each
 instance: no instance can gather, nothing is committed, each survivor says why. The MindIO engine
 (with the fake) reports the layout, R=2 over the data-parallel ranks, and its dump after rank 1's loss
-is the same as the built-in engine's.
+is the same as the built-in engine's. In-place recovery (``recover`` under ``ft-plugins run``): rank 1
+killed, its replacement receives its shard from rank 3 (the same place in the other instance), the job
+ends with exit 0 and the uninterrupted run's final save, optimizer shards included.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 import pytest
 
 from support import FAKES, assert_bit_identical, read_records
-from ttp_runs import ITERS, Job, Launch, committed_dump, resumed_to_the_end, same_as_reference
+from ttp_runs import ITERS, Job, Launch, committed_dump, resumed_to_the_end, run_supervised, same_as_reference
 
 DISTRIBUTED = Launch(4, ("--use-distributed-optimizer", "--micro-batch-size", "1", "--global-batch-size", "8"))
 FAR = ("--save-interval", "100")
@@ -98,3 +100,20 @@ def test_mindio_driven_dump_of_the_complete_instance_is_the_same(mindio_one_lost
     assert job.lines(f"MindIO dump of step {STEP}: rank 2 dumped mp_rank_00 of iteration {STEP}")
     assert same_as_reference(job, reference, STEP) == []
     assert_bit_identical(reference.iteration(STEP) / OPTIMIZER, job.iteration(STEP) / OPTIMIZER, parts=None)
+
+
+@pytest.fixture(scope="module")
+def recovered(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    return run_supervised(tmp_path_factory.mktemp("replicated_recovered"), DISTRIBUTED, *FAR,
+                          FT_PLUGINS="ttp,recover", FT_PLUGINS_INJECT_FAULT=f"rank=1,step={STEP},kind=kill")
+
+
+def test_recover_replaces_a_lost_rank_its_shard_from_the_other_instance_and_ends_bit_identical(
+        recovered: Job, reference: Job) -> None:
+    assert recovered.returncode == 0, recovered.output[-5000:]
+    assert recovered.lines(f"rank 3 sent the state of step {STEP}"), "rank 1's shard is held by rank 3 only"
+    assert recovered.lines(f"every rank stands at step {STEP}, training continues at step {STEP + 1}")
+    assert [len(recovered.lines(f"iteration        {i}/       {ITERS}")) for i in range(1, ITERS + 1)] == [1] * ITERS
+    assert not recovered.lines("loading checkpoint") and not recovered.lines("dumped")
+    assert same_as_reference(recovered, reference, ITERS) == []
+    assert_bit_identical(reference.iteration(ITERS) / OPTIMIZER, recovered.iteration(ITERS) / OPTIMIZER, parts=None)
