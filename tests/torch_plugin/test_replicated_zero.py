@@ -101,7 +101,9 @@ def test_one_rank_killed_a_survivor_of_the_complete_instance_saves_the_last_comp
     reports = _reports(one_lost)
     assert sorted(reports) == [0, 2, 3]  # rank 1 was SIGKILLed before it could report
     for report in reports.values():
-        assert "Connection" in report["failure"]  # the survivors saw the failed all-reduce
+        # the survivors saw the all-reduce fail: the lost peer's connection, or (on a busy machine, a survivor
+        # whose ring neighbour was itself stuck) gloo's send timeout
+        assert "gloo/transport/tcp" in report["failure"], report["failure"]
         assert report["completed"] == 3 and report["instance"] == [2, 3] and report["reason"] is None
     dump = saved_tensors(one_lost / "dump.pt", parts=("optimizer",))
     assert {name.split("/")[3] for name in dump if name.startswith("/optimizer/state/")} == set(map(str, range(6)))
