@@ -2,7 +2,7 @@
 
 Megatron assumes CUDA everywhere: it asserts ``torch.cuda.is_available()``, allocates on
 ``device="cuda"``, calls ``.cuda()``, and saves/restores CUDA RNG state. This shim answers those
-calls on the CPU. It is not part of ft_plugins and is never needed on a real cluster.
+calls on the CPU, in the main thread and in every thread started after it. It is not part of ft_plugins and is never needed on a real cluster.
 
 Megatron's distributed optimizer (``--use-distributed-optimizer``) needs four more patches here,
 all on ``DistributedOptimizer`` (see :func:`_patch_distributed_optimizer`). Only the first is about
@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import importlib
 import sys
+import threading
 import types
 
 import torch
@@ -66,6 +67,19 @@ class _CudaToCpu(TorchFunctionMode):
         if func in (torch.Tensor.to,):
             args = tuple(_cpu(a) if i > 0 else a for i, a in enumerate(args))
         return func(*args, **kwargs)
+
+
+def _every_thread_on_cpu() -> None:
+    """Torch function modes hold per thread: threads started later (MindIO's handlers run in threads of
+    their own) enter the device mapping too."""
+    run = threading.Thread.run
+
+    @functools.wraps(run)
+    def run_on_cpu(self):
+        with _CudaToCpu():
+            run(self)
+
+    threading.Thread.run = run_on_cpu
 
 
 class _Stream:
@@ -148,6 +162,7 @@ def install() -> None:
         importlib.import_module("torch._dynamo").config.disable = True
     sys.modules.setdefault("transformers", None)  # megatron-core: "HAVE_TRANSFORMERS = False"
     _CudaToCpu().__enter__()
+    _every_thread_on_cpu()
 
     cuda.random.get_rng_state = lambda *a, **k: torch.get_rng_state()
     cuda.random.set_rng_state = lambda state, *a, **k: torch.set_rng_state(state)

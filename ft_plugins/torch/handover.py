@@ -21,7 +21,26 @@ from ft_plugins.torch.state import megatron, sharded_optimizers
 
 log = logging.getLogger("ft_plugins.recover")
 
-PARAMETER_STATE = "ft_plugins_parameter_state"  # the distributed optimizer's shard, one per sharded optimizer
+# the distributed optimizer's shard of the parameter state: the sender's place in its instance, one shard per
+# sharded optimizer
+PARAMETER_STATE = "ft_plugins_parameter_state"
+
+
+def unreplicated(megatron_args: Any) -> str:
+    """Why a lost rank's optimizer state has no other holder ("" when it has one)."""
+    if megatron_args.use_distributed_optimizer and getattr(megatron_args, "num_distributed_optimizer_instances", 1) < 2:
+        return ("megatron's distributed optimizer in one instance: a lost rank's optimizer shard has no other "
+                "holder (FT_PLUGINS_TTP_REPLICAS=2, or --num-distributed-optimizer-instances 2)")
+    return ""
+
+
+def instance_place(optimizer: Any) -> int | None:
+    """This rank's place in its distributed-optimizer instance: ranks at the same place of every instance hold
+    the same shard. None without the distributed optimizer (every data-parallel rank holds all of it)."""
+    import torch.distributed as dist
+
+    sharded = sharded_optimizers(optimizer)
+    return dist.get_process_group_ranks(sharded[0].data_parallel_group).index(dist.get_rank()) if sharded else None
 
 
 def state_at(model: Any, optimizer: Any, scheduler: Any, iteration: int, rng: Any, consumed: int,
@@ -35,7 +54,7 @@ def state_at(model: Any, optimizer: Any, scheduler: Any, iteration: int, rng: An
     state["num_floating_point_operations_so_far"] = flops
     shards = [member.get_parameter_state_dp_reshardable() for member in sharded_optimizers(optimizer)]
     if shards:
-        state[PARAMETER_STATE] = shards
+        state[PARAMETER_STATE] = {"place": instance_place(optimizer), "shards": shards}
     return state
 
 
@@ -88,7 +107,11 @@ def apply(state: dict[str, Any], model: Any, optimizer: Any, scheduler: Any) -> 
     optimizer.load_state_dict(state["optimizer"])
     if megatron_args.fp16 or megatron_args.bf16:
         optimizer.reload_model_params()
-    for member, shard in zip(sharded_optimizers(optimizer), state.get(PARAMETER_STATE, ())):
+    sharded = state.get(PARAMETER_STATE, {"place": None, "shards": ()})
+    if sharded["place"] != instance_place(optimizer):
+        raise ValueError(f"the optimizer shard received is place {sharded['place']} of its optimizer instance, "
+                         f"this rank holds place {instance_place(optimizer)}")
+    for member, shard in zip(sharded_optimizers(optimizer), sharded["shards"]):
         for bucket in (bucket for dtypes in _buffers(shard) for buckets in dtypes.values() for bucket in buckets):
             for entry in bucket:
                 entry.setdefault("padding", False)  # what megatron's loader asks of each entry

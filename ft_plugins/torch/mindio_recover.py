@@ -33,7 +33,8 @@ from ft_plugins.patching import Patch
 from ft_plugins.rank import global_rank, is_rank_zero
 from ft_plugins.recovery import key, namespace
 from ft_plugins.torch import loop
-from ft_plugins.torch.handover import Batches, apply, receive, send, set_rng, state_at, without_load
+from ft_plugins.torch.handover import (Batches, apply, receive, send, set_rng, state_at, unreplicated,
+                                       without_load)
 from ft_plugins.torch.regroup import Regroup, megatron_roots, require_successors
 from ft_plugins.torch.state import megatron, megatron_args
 from ft_plugins.vendors import mindio
@@ -310,8 +311,8 @@ def _unsupported(info: dict[str, Any]) -> str:
     parsed = megatron_args()
     if parsed.pipeline_model_parallel_size > 1:
         return "pipeline parallelism is not repaired in place yet"
-    if parsed.use_distributed_optimizer:
-        return "megatron's distributed optimizer is not repaired in place yet"
+    if why := unreplicated(parsed):
+        return why
     if any(kind != mindio.optimizer_type("ATTENTION") for kind in info.get("type", [])):
         return "expert (MoE) optimizer state is not repaired in place yet"
     if info.get("repair_type") not in (mindio.repair_type("RT_SEND"), mindio.repair_type("RT_RECV_REPAIR")):

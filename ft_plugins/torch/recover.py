@@ -47,9 +47,10 @@ from ft_plugins.recovery import (LOG, SAVE as SAVING, STEP, Standing, key, names
                                  supervised)
 from ft_plugins.steps import FORWARD, IDLE, UPDATED
 from ft_plugins.torch import loop
-from ft_plugins.torch.handover import Batches, apply, receive, send, set_rng, state_at, without_load
+from ft_plugins.torch.handover import (Batches, apply, instance_place, receive, send, set_rng, state_at,
+                                       unreplicated, without_load)
 from ft_plugins.torch.regroup import Regroup, megatron_roots, require_successors
-from ft_plugins.torch.state import current_iteration, megatron, sharded_optimizers
+from ft_plugins.torch.state import current_iteration, megatron
 from ft_plugins.torch.ttp import MegatronTtp
 from ft_plugins.triggers import EXIT_ON_ERROR
 
@@ -240,7 +241,7 @@ class MegatronRecovery:
                 self.joined = True
                 standings = self._standings(generation, world)
                 holds: list[Any] = [None] * world
-                dist.all_gather_object(holds, _what_this_rank_holds(rank, self.objects[1]))
+                dist.all_gather_object(holds, _what_this_rank_holds(self.objects[1]))
                 groups = [[r for r in range(world) if holds[r] == held] for held in sorted(set(holds))]
                 decided = plan(standings, groups)
                 if decided.refusal:
@@ -410,23 +411,17 @@ def unsupported(iterator: Any, megatron_args: Any) -> str:
     """Why a lost rank cannot be replaced in this run (empty when it can)."""
     if isinstance(iterator, list) or megatron_args.pipeline_model_parallel_size > 1:
         return "pipeline parallelism is not handled yet (ttp's dump still is)"
-    instances = getattr(megatron_args, "num_distributed_optimizer_instances", 1)
-    if megatron_args.use_distributed_optimizer and instances < 2:
-        return ("megatron's distributed optimizer in one instance: a lost rank's optimizer shard has no other "
-                "holder (FT_PLUGINS_TTP_REPLICAS=2, or --num-distributed-optimizer-instances 2)")
-    return ""
+    return unreplicated(megatron_args)
 
 
-def _what_this_rank_holds(rank: int, optimizer: Any) -> tuple[int, int]:
+def _what_this_rank_holds(optimizer: Any) -> tuple[int, int | None]:
     """Ranks with the same answer hold the same state: the first rank of the data-parallel group, and with the
-    distributed optimizer this rank's place in its optimizer instance (its shard of the parameter state)."""
+    distributed optimizer the place in the optimizer instance (the shard of the parameter state)."""
     import torch.distributed as dist
 
     mpu = megatron("core.parallel_state")
     members = dist.get_process_group_ranks(mpu.get_data_parallel_group(with_context_parallel=True))
-    sharded = sharded_optimizers(optimizer)
-    place = dist.get_process_group_ranks(sharded[0].data_parallel_group).index(rank) if sharded else 0
-    return min(members), place
+    return min(members), instance_place(optimizer)
 
 
 def _holding_store(store: Any) -> Any:

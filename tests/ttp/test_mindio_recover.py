@@ -191,12 +191,13 @@ def test_handlers_called_out_of_order_answer_the_failure_code_and_say_why_in_one
 
 
 @pytest.mark.parametrize("layout, info, why", [
-    ({"use_distributed_optimizer": True}, {}, "megatron's distributed optimizer is not repaired in place yet"),
+    ({"use_distributed_optimizer": True}, {}, "megatron's distributed optimizer in one instance: a lost rank's "
+     "optimizer shard has no other holder (FT_PLUGINS_TTP_REPLICAS=2, or --num-distributed-optimizer-instances 2)"),
     ({"pipeline_model_parallel_size": 2}, {}, "pipeline parallelism is not repaired in place yet"),
     ({}, {"type": [1]}, "expert (MoE) optimizer state is not repaired in place yet"),
     ({}, {"repair_type": "load_ckpt"}, "repair type 'load_ckpt' (e.g. a checkpoint load) is not done in place"),
     ({}, {"dst": [5]}, "rank 5 outside this rank's data-parallel group [0, 1, 2, 3]: no replica of this state there"),
-], ids=["distributed-optimizer", "pipeline", "moe", "checkpoint-load", "outside-the-group"])
+], ids=["distributed-optimizer-one-instance", "pipeline", "moe", "checkpoint-load", "outside-the-group"])
 def test_a_layout_the_handlers_cannot_repair_is_refused_then_mindios_dump_still_works(
         wired: tuple, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, layout: dict, info: dict,
         why: str) -> None:

@@ -9,7 +9,8 @@ instance: no instance can gather, nothing is committed, each survivor says why. 
 (with the fake) reports the layout, R=2 over the data-parallel ranks, and its dump after rank 1's loss
 is the same as the built-in engine's. In-place recovery (``recover`` under ``ft-plugins run``): rank 1
 killed, its replacement receives its shard from rank 3 (the same place in the other instance), the job
-ends with exit 0 and the uninterrupted run's final save, optimizer shards included.
+ends with exit 0 and the uninterrupted run's final save, optimizer shards included; the same through
+MindIO's recovery handlers (the stand-in's controller picks rank 3 from the replica layout reported).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from support import FAKES, assert_bit_identical, read_records
+from support import FAKES, assert_bit_identical, free_port, read_records
 from ttp_runs import ITERS, Job, Launch, committed_dump, resumed_to_the_end, run_supervised, same_as_reference
 
 DISTRIBUTED = Launch(4, ("--use-distributed-optimizer", "--micro-batch-size", "1", "--global-batch-size", "8"))
@@ -117,3 +118,26 @@ def test_recover_replaces_a_lost_rank_its_shard_from_the_other_instance_and_ends
     assert not recovered.lines("loading checkpoint") and not recovered.lines("dumped")
     assert same_as_reference(recovered, reference, ITERS) == []
     assert_bit_identical(reference.iteration(ITERS) / OPTIMIZER, recovered.iteration(ITERS) / OPTIMIZER, parts=None)
+
+
+@pytest.fixture(scope="module")
+def mindio_recovered(tmp_path_factory: pytest.TempPathFactory) -> tuple[Job, list[dict[str, Any]]]:
+    workdir = tmp_path_factory.mktemp("replicated_mindio_recovered")
+    record = workdir / "mindio.jsonl"
+    job = run_supervised(workdir, DISTRIBUTED, *FAR, FT_PLUGINS="ttp,recover", FT_FAKE_RECORD=str(record),
+                         PYTHONPATH=os.pathsep.join(filter(None, [str(FAKES), os.environ.get("PYTHONPATH", "")])),
+                         TTP_ADDR="127.0.0.1", TTP_PORT=str(free_port()),
+                         FT_PLUGINS_INJECT_FAULT=f"rank=1,step={STEP},kind=kill")
+    return job, read_records(record)
+
+
+def test_mindio_recovery_handlers_repair_rank_1_from_rank_3_and_end_bit_identical(
+        mindio_recovered: tuple[Job, list], reference: Job) -> None:
+    job, calls = mindio_recovered
+    assert job.returncode == 0, job.output[-5000:]
+    repairs = [c["args"][1] for c in calls if c["api"] == "fake_controller_repair"]
+    assert any("'repair_type': 'send', 'src': [3], 'dst': [1]" in repair for repair in repairs), repairs
+    assert not [c for c in calls if c["api"].startswith("fake_processor_")], "no handler refused"
+    assert not job.lines("loading checkpoint") and not job.lines("dumped")
+    assert same_as_reference(job, reference, ITERS) == []
+    assert_bit_identical(reference.iteration(ITERS) / OPTIMIZER, job.iteration(ITERS) / OPTIMIZER, parts=None)

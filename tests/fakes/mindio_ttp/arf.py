@@ -14,9 +14,10 @@ training thread waits inside ``tft_exception_handler``:
 3. it waits for the replacement: a new processor of the lost rank (``tft_is_reboot_node()`` True there)
    whose train raised ``RuntimeError("ARF FINISH")``;
 4. ``rebuild_group(fault_ranks, args, ctx)`` on every rank, the replacement included;
-5. ``repair(step, need_rebuild, error_ranks, repair_info, args, ctx)`` on the source (``RT_SEND``) and
+5. ``repair(step, need_rebuild, error_ranks, repair_info, args, ctx)`` on each source (``RT_SEND``) and
    on each rank that lacks the state (``RT_RECV_REPAIR``): the step is the newest one the survivors
-   reported through ``tft_end_updating_os``, the source the lowest survivor holding it;
+   reported through ``tft_end_updating_os``, a rank's source the lowest survivor holding it and the
+   same optimizer state (the replica layout of ``tft_set_optimizer_replica``);
 6. ``rollback(step, args, ctx)`` on every rank; then every training thread calls train again.
 
 A handler that raises (or a clean that returns non-zero), or a replacement that does not come within
@@ -224,14 +225,20 @@ def _recover(store, world, lost, counts):
           and _replacement(store, lost))
     everyone = sorted([*survivors, lost])
     if ok:
-        source = min(rank for rank in survivors if steps[rank] == step)
         receivers = [lost, *(rank for rank in survivors if steps[rank] < step)]
-        info = {source: (step, False, receivers, {"type": [0] * len(receivers), "repair_type": "send",
-                                                  "src": [source] * len(receivers), "dst": receivers,
-                                                  "rank_list": sorted([source, *receivers])})}
-        info.update({rank: (step, False, receivers, {"type": [0], "repair_type": "recv", "src": [source],
-                                                     "dst": [rank], "rank_list": sorted([source, *receivers])})
-                     for rank in receivers})
+        sources = {rank: min((peer for peer in _replicas(store, survivors, rank) if steps.get(peer) == step),
+                             default=None) for rank in receivers}
+        ok = None not in sources.values()
+    if ok:
+        info = {}
+        for source in sorted(set(sources.values())):
+            dst = [rank for rank in receivers if sources[rank] == source]
+            info[source] = (step, False, receivers, {"type": [0] * len(dst), "repair_type": "send",
+                                                     "src": [source] * len(dst), "dst": dst,
+                                                     "rank_list": sorted([source, *dst])})
+            info.update({rank: (step, False, receivers, {"type": [0], "repair_type": "recv", "src": [source],
+                                                         "dst": [rank], "rank_list": sorted([source, *dst])})
+                         for rank in dst})
         ok = (_act(store, counts, everyone, "rebuild_group", lambda rank: [lost])
               and _act(store, counts, sorted(info), "repair", info.get)
               and _act(store, counts, everyone, "rollback", lambda rank: step))
@@ -244,6 +251,24 @@ def _recover(store, world, lost, counts):
     if store.check([f"reported/{lost}/2"]):
         _go(store, [lost], "exit")
     return False
+
+
+def _replicas(store, survivors, rank):
+    """The ranks holding the same optimizer state as ``rank``, from the replica layout the processors reported
+    (``tft_set_optimizer_replica``): ``rank_list`` is ``replica_cnt`` copies of the state one after the other,
+    so the ranks at the same place of each copy hold the same shard. Every rank without a report."""
+    reported = next((store.get(f"replicas/{peer}") for peer in survivors if store.check([f"replicas/{peer}"])), None)
+    for entry in eval(reported) if reported else ():
+        ranks, copies = entry["rank_list"], entry["replica_cnt"]
+        if rank in ranks:
+            size = len(ranks) // copies
+            return [peer for index, peer in enumerate(ranks) if index % size == ranks.index(rank) % size]
+    return list(survivors)
+
+
+def report_replicas(replica_info):
+    """The processor's replica layout, for the controller's choice of a repair source."""
+    _arf["store"].set(f"replicas/{_arf['rank']}", repr(replica_info))
 
 
 def _replacement(store, lost):

@@ -102,6 +102,8 @@ def tft_is_reboot_node():
 
 def tft_set_optimizer_replica(rank, replica_info):
     record("tft_set_optimizer_replica", rank, replica_info)
+    if _state["arf"]:
+        arf.report_replicas(replica_info)
 
 
 def tft_set_dp_group_info(rank, dp_rank_list):
