@@ -9,19 +9,27 @@ import sys
 from ft_plugins.rank import env_rank
 
 
+HANDLER = "ft_plugins"
+
+
 def setup(level: str) -> None:
     """Give the ``ft_plugins`` logger a stderr handler unless the application configured logging.
 
-    When the root logger already has handlers, records simply propagate there.
+    When the root logger already has handlers, records simply propagate there. Called again (a warm spare
+    turned into a lost rank), the handler made here names the rank the process is now.
     """
     logger = logging.getLogger("ft_plugins")
     logger.setLevel(level.upper())
-    if logger.handlers or logging.getLogger().handlers:
-        return
     rank = env_rank()  # the launcher's word: the handler is made before any framework is initialized
+    formatter = logging.Formatter(f"[%(name)s rank {'?' if rank is None else rank}] %(levelname)s %(message)s")
+    ours = [handler for handler in logger.handlers if handler.name == HANDLER]
+    for handler in ours:
+        handler.setFormatter(formatter)
+    if ours or logger.handlers or logging.getLogger().handlers:
+        return
     handler = logging.StreamHandler()
-    shown = "?" if rank is None else rank
-    handler.setFormatter(logging.Formatter(f"[%(name)s rank {shown}] %(levelname)s %(message)s"))
+    handler.name = HANDLER
+    handler.setFormatter(formatter)
     logger.addHandler(handler)
     logger.propagate = False
 

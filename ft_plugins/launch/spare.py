@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import logging
 import os
 import runpy
 import sys
@@ -35,10 +34,9 @@ def main() -> None:
     if not line:
         return
     os.environ.update(json.loads(line))
-    logging.getLogger("ft_plugins").handlers.clear()  # its lines name the rank it now is
     glue = sys.modules.get("ft_plugins.torch")
     if glue is not None:
-        glue.enable()  # the lost worker's configuration and place in the recovery
+        glue.enable()  # the lost worker's configuration and place in the recovery; its lines name that rank
     sys.argv = sys.argv[1:]
     runpy.run_path(sys.argv[0], run_name="__main__")
 

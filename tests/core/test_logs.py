@@ -27,6 +27,18 @@ def test_log_lines_name_the_rank(env: dict[str, str], shown: str) -> None:
     assert result.stderr.strip() == f"[ft_plugins {shown}] INFO hi"
 
 
+def test_a_warm_spare_taking_over_a_rank_names_that_rank_after_megatron_configured_logging() -> None:
+    """A spare makes its handler before it knows its rank; once it is rank 2, megatron's import meanwhile
+    gave the root logger a handler, and its lines still carry the prefix, with the rank it now is."""
+    child = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
+    child.update(PYTHONPATH=str(REPO), WORLD_SIZE="4")
+    script = ("import logging, os; from ft_plugins import logs; logs.setup('INFO'); "
+              "logging.getLogger().addHandler(logging.StreamHandler()); os.environ['RANK'] = '2'; "
+              "logs.setup('INFO'); logging.getLogger('ft_plugins.recover').warning('taken over')")
+    result = subprocess.run([sys.executable, "-c", script], env=child, capture_output=True, text=True, timeout=60)
+    assert result.stderr.splitlines() == ["[ft_plugins.recover rank 2] WARNING taken over"]
+
+
 def _process(code: str, **env: str) -> subprocess.CompletedProcess:
     child = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES and not k.startswith("FT_")}
     child.update(env, PYTHONPATH=str(REPO), FT_PLUGINS_MSTX_BACKEND="noop")

@@ -7,15 +7,17 @@ inside its own gloo group and writes ``model_optim_rng.pt`` and ``distrib_optim.
 uninterrupted run's save of that step; plain ``--load`` ends bit-identical. One rank killed in each
 instance: no instance can gather, nothing is committed, each survivor says why. The MindIO engine
 (with the fake) reports the layout, R=2 over the data-parallel ranks, and its dump after rank 1's loss
-is the same as the built-in engine's. In-place recovery (``recover`` under ``ft-plugins run``): rank 1
-killed, its replacement receives its shard from rank 3 (the same place in the other instance), the job
-ends with exit 0 and the uninterrupted run's final save, optimizer shards included; the same through
+is the same as the built-in engine's. In-place recovery (``recover`` under ``ft-plugins run``), one run,
+three faults (forward, a periodic save, an update): each replacement, and a survivor that could not finish
+its step, receives its shard from the rank at the same place of the other instance; the job ends with exit
+0, the save written again and the final save the uninterrupted run's, optimizer shards included; the same through
 MindIO's recovery handlers (the stand-in's controller picks rank 3 from the replica layout reported).
 """
 
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import pytest
@@ -103,21 +105,38 @@ def test_mindio_driven_dump_of_the_complete_instance_is_the_same(mindio_one_lost
     assert_bit_identical(reference.iteration(STEP) / OPTIMIZER, job.iteration(STEP) / OPTIMIZER, parts=None)
 
 
+# recover, one run with one warm spare and a periodic save every 3 steps, three faults in turn: rank 1 in
+# forward after 2 completed steps, rank 0 in the save of step 3, rank 3 inside its update in step 5
+FAULTS = "rank=1,step=2,kind=kill;rank=0,step=3,kind=kill,at=save;rank=3,step=4,kind=kill,at=update"
+
+
 @pytest.fixture(scope="module")
 def recovered(tmp_path_factory: pytest.TempPathFactory) -> Job:
-    return run_supervised(tmp_path_factory.mktemp("replicated_recovered"), DISTRIBUTED, *FAR,
-                          FT_PLUGINS="ttp,recover", FT_PLUGINS_INJECT_FAULT=f"rank=1,step={STEP},kind=kill")
+    return run_supervised(tmp_path_factory.mktemp("replicated_recovered"), DISTRIBUTED, "--save-interval", "3",
+                          FT_PLUGINS="ttp,recover", FT_PLUGINS_RECOVER_SPARES="1", FT_PLUGINS_INJECT_FAULT=FAULTS)
 
 
-def test_recover_replaces_a_lost_rank_its_shard_from_the_other_instance_and_ends_bit_identical(
+def test_recover_three_ranks_lost_in_turn_each_shard_from_the_same_place_of_the_other_instance(
         recovered: Job, reference: Job) -> None:
     assert recovered.returncode == 0, recovered.output[-5000:]
-    assert recovered.lines(f"rank 3 sent the state of step {STEP}"), "rank 1's shard is held by rank 3 only"
-    assert recovered.lines(f"every rank stands at step {STEP}, training continues at step {STEP + 1}")
+    assert len(recovered.lines("firing injected fault")) == 3
+    for sender, step, receiver in ((3, 2, 1), (2, 3, 0), (1, 5, 3), (0, 5, 2)):
+        # rank 2 never finished step 5 (its instance's all-gather lost rank 3): rank 0, its replica, sends it
+        assert [line for line in recovered.lines(f"rank {sender} sent the state of step {step} (")
+                if line.endswith(f"to rank {receiver}")], (sender, step, receiver)
+    caught = re.findall(r"recover: rank 2 \(pid (\d+)\) caught", recovered.output)
+    assert len(caught) == 3 and len(set(caught)) == 1, "rank 2 survived the three faults in its own process"
+    assert not recovered.lines("closing signal"), "torchrun never signalled a worker"
+    for rank, generation in ((1, 1), (0, 2), (3, 3)):  # a warm spare's lines too name the rank it took over
+        assert recovered.lines(f"[ft_plugins.recover rank {rank}] WARNING recover: rank {rank} joined generation "
+                               f"{generation}"), recovered.output[-5000:]
     assert [len(recovered.lines(f"iteration        {i}/       {ITERS}")) for i in range(1, ITERS + 1)] == [1] * ITERS
     assert not recovered.lines("loading checkpoint") and not recovered.lines("dumped")
-    assert same_as_reference(recovered, reference, ITERS) == []
-    assert_bit_identical(reference.iteration(ITERS) / OPTIMIZER, recovered.iteration(ITERS) / OPTIMIZER, parts=None)
+    assert sorted(path.name for path in recovered.save.iterdir()) == [
+        "iter_0000003", "iter_0000006", "latest_checkpointed_iteration.txt"], "the periodic saves only"
+    for step in (3, ITERS):  # the save the lost rank 0 interrupted, written again, and the final one
+        assert same_as_reference(recovered, reference, step) == [], step
+        assert_bit_identical(reference.iteration(step) / OPTIMIZER, recovered.iteration(step) / OPTIMIZER, parts=None)
 
 
 @pytest.fixture(scope="module")
