@@ -204,8 +204,10 @@ class MegatronRecovery:
         standing, snapshot = self._standing(iteration)
         standing = standing._replace(saving=saving)
         generation = self.generation + 1
-        log.warning("recover: rank %d (pid %d) caught %s in %s (%d steps completed here); waiting for a "
-                    "replacement", rank, os.getpid(), reason, where, standing.completed)
+        held = (f"{standing.completed} steps completed here" if standing.completed >= 0 else
+                "its state torn by an update left half done: a peer sends it the step")
+        log.warning("recover: rank %d (pid %d) caught %s in %s (%s); waiting for a replacement", rank, os.getpid(),
+                    reason, where, held)
         try:
             with self._quiet():
                 if self.refusal:

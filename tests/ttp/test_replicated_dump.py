@@ -124,6 +124,11 @@ def test_recover_three_ranks_lost_in_turn_each_shard_from_the_same_place_of_the_
         # rank 2 never finished step 5 (its instance's all-gather lost rank 3): rank 0, its replica, sends it
         assert [line for line in recovered.lines(f"rank {sender} sent the state of step {step} (")
                 if line.endswith(f"to rank {receiver}")], (sender, step, receiver)
+    survivors = {rank: recovered.lines(f"recover: rank {rank} (pid")[-1] for rank in (0, 1, 2)}  # step 5's fault
+    assert [held in survivors[rank] for rank, held in (
+        (0, "in step 5 (5 steps completed here)"), (1, "in step 5 (5 steps completed here)"),
+        (2, "in step 5 (its state torn by an update left half done: a peer sends it the step)"))] == [True] * 3, \
+        survivors  # survivors at different places: rank 2's update was cut short by its instance's all-gather
     caught = re.findall(r"recover: rank 2 \(pid (\d+)\) caught", recovered.output)
     assert len(caught) == 3 and len(set(caught)) == 1, "rank 2 survived the three faults in its own process"
     assert not recovered.lines("closing signal"), "torchrun never signalled a worker"
