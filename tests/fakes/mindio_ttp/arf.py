@@ -27,8 +27,10 @@ A handler that raises (or a clean that returns non-zero), or a replacement that 
 """
 
 import os
+import sys
 import threading
 import time
+import traceback
 
 from fake_record import record
 
@@ -145,8 +147,11 @@ def _run(api, kind, payload):
         func, ctx = api.handlers[kind]
         if kind == "stop":
             func(args, ctx)
-            if not _arf["reported"].wait(limit()):
-                return RET_ERROR  # the training thread never reported its failure
+            if not _arf["reported"].wait(limit()):  # the training thread never reported its failure: where is it?
+                main = sys._current_frames().get(threading.main_thread().ident)
+                record("fake_processor_stop_failed", "the training thread did not fail",
+                       "".join(traceback.format_stack(main)) if main else "no main thread")
+                return RET_ERROR
             answer = RET_OK
         elif kind == "clean":
             answer = func(False, args, ctx)
