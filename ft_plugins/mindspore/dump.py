@@ -6,9 +6,8 @@ live parameter blocks behind the stuck collective. So the state is copied to hos
 step end (every parameter of the train network: weights, optimizer state, step counter, learning
 rate), and a watcher thread writes that copy when
 
-- a worker of this node exits while this rank is inside a step (its process is polled every 20 ms): once
-  this rank is inside a step begun after the loss (it cannot complete), or the step in flight had time
-  to end (its AllReduce may have completed before the loss),
+- a worker of this node exits while this rank is inside a step (its process is polled every 20 ms): at
+  once, and again if the step in flight completes (its AllReduce may have completed before the loss),
 - a step has run for longer than ``STALL_STEPS`` times the median step, and at least ``STALL_FLOOR``
   seconds (a peer lost on another node), or
 - SIGTERM arrives (a preemption, or ``ft-plugins run`` stopping msrun): written, then the process exits 143.
@@ -117,9 +116,10 @@ class DumpEngine:
 
     # -- the watcher ------------------------------------------------------------------------------
     def _watch(self) -> None:
-        """A lost peer: the step in flight may still complete (its AllReduce may be done), a step begun after the
-        loss cannot; so the copy is written once this rank is inside such a step, or once the step in flight
-        has had ``_settle()`` to end, and again if a newer step completed meanwhile."""
+        """A lost peer: the copy of the last completed step is written at once (msrun's SIGKILL follows within a
+        second); the step in flight may still complete (its AllReduce may be done), so a newer step completed
+        meanwhile is written too, once this rank is inside a step begun after the loss or the step in flight
+        has had ``_settle()`` to end."""
         lost_at, reason, written = None, "", 0
         while not self.stopped.wait(POLL):
             started, snapshot, now = self.step_started, self.snapshot, time.monotonic()
@@ -128,6 +128,9 @@ class DumpEngine:
                 if lost:
                     lost_at, self.peers = now, [pid for pid in self.peers if pid not in lost]
                     reason = f"worker process {', '.join(map(str, lost))} of this node exited"
+                    if snapshot is not None:  # at once: msrun's SIGKILL may come at its next poll, any moment
+                        self.dump_safely(reason)
+                        written = snapshot.step
                 elif started is not None and self.durations and now - started > self._stall():
                     self.dump_safely(f"the step has run for over {self._stall():.1f} s")
                     self.step_started = None  # once per stall
