@@ -22,10 +22,10 @@ def setup(level: str) -> None:
     logger.setLevel(level.upper())
     rank = env_rank()  # the launcher's word: the handler is made before any framework is initialized
     formatter = logging.Formatter(f"[%(name)s rank {'?' if rank is None else rank}] %(levelname)s %(message)s")
-    ours = [handler for handler in logger.handlers if handler.name == HANDLER]
-    for handler in ours:
-        handler.setFormatter(formatter)
-    if ours or logger.handlers or logging.getLogger().handlers:
+    for handler in logger.handlers:
+        if handler.name == HANDLER:
+            handler.setFormatter(formatter)
+    if logger.handlers or logging.getLogger().handlers:
         return
     handler = logging.StreamHandler()
     handler.name = HANDLER

@@ -2,7 +2,8 @@
 
 Megatron assumes CUDA everywhere: it asserts ``torch.cuda.is_available()``, allocates on
 ``device="cuda"``, calls ``.cuda()``, and saves/restores CUDA RNG state. This shim answers those
-calls on the CPU, in the main thread and in every thread started after it. It is not part of ft_plugins and is never needed on a real cluster.
+calls on the CPU, in the main thread and in every thread started after it. It is not part of
+ft_plugins and is never needed on a real cluster.
 
 Megatron's distributed optimizer (``--use-distributed-optimizer``) needs four more patches here,
 all on ``DistributedOptimizer`` (see :func:`_patch_distributed_optimizer`). Only the first is about

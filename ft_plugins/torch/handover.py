@@ -3,8 +3,8 @@
 The holder builds it as Megatron's ``save_checkpoint`` at K would (``generate_state_dict``: model,
 optimizer, scheduler, RNG, arguments with the consumed samples at K, floating point operations; with the
 distributed optimizer also the holder's own shard of the parameter state, which only a rank at the same
-place of another optimizer instance holds too), serializes it with ``torch.save`` into memory and sends it point to point inside the data-parallel
-group (size, then bytes); the receiver applies it as Megatron's ``load_checkpoint`` would. No file is
+place of another optimizer instance holds too), serializes it with ``torch.save`` into memory and sends
+it point to point inside the data-parallel group (size, then bytes); the receiver applies it as Megatron's ``load_checkpoint`` would. No file is
 written or read. :class:`Batches` keeps a step's batches so that a step run again reads the same data.
 """
 
@@ -107,10 +107,10 @@ def apply(state: dict[str, Any], model: Any, optimizer: Any, scheduler: Any) -> 
     optimizer.load_state_dict(state["optimizer"])
     if megatron_args.fp16 or megatron_args.bf16:
         optimizer.reload_model_params()
-    sharded = state.get(PARAMETER_STATE, {"place": None, "shards": ()})
-    if sharded["place"] != instance_place(optimizer):
+    sharded, place = state.get(PARAMETER_STATE, {"place": None, "shards": ()}), instance_place(optimizer)
+    if sharded["place"] != place:
         raise ValueError(f"the optimizer shard received is place {sharded['place']} of its optimizer instance, "
-                         f"this rank holds place {instance_place(optimizer)}")
+                         f"this rank holds place {place}")
     for member, shard in zip(sharded_optimizers(optimizer), sharded["shards"]):
         for bucket in (bucket for dtypes in _buffers(shard) for buckets in dtypes.values() for bucket in buckets):
             for entry in bucket:

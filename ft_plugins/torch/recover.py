@@ -244,11 +244,12 @@ class MegatronRecovery:
                 standings = self._standings(generation, world)
                 holds: list[Any] = [None] * world
                 dist.all_gather_object(holds, _what_this_rank_holds(self.objects[1]))
-                groups = [[r for r in range(world) if holds[r] == held] for held in sorted(set(holds))]
+                kinds = sorted(set(holds))
+                groups = [[r for r in range(world) if holds[r] == held] for held in kinds]
                 decided = plan(standings, groups)
                 if decided.refusal:
                     raise Fallback(decided.refusal)
-                outcome = self._hand_over(rank, decided, sorted(set(holds)).index(holds[rank]), mine)
+                outcome = self._hand_over(rank, decided, kinds.index(holds[rank]), mine)
                 store.add(key(generation, "done"), 1)
         except Exception as exc:
             self._fall_back(generation, str(exc) if isinstance(exc, Fallback) else f"{type(exc).__name__}: {exc}")

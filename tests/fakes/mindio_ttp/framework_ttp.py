@@ -30,8 +30,8 @@ from fake_record import misbehave, record
 from mindio_ttp import arf
 
 handlers = {}
-_state = {"step_args": None, "step": 0, "dumping": False, "updating": False, "dumps": {}, "controller": None, "arf": False, "arf_controller": False,
-          "rank": 0, "world": 1}
+_state = {"step_args": None, "step": 0, "dumping": False, "updating": False, "dumps": {}, "controller": None,
+          "arf": False, "arf_controller": False, "rank": 0, "world": 1}
 _lock = threading.Lock()
 
 
