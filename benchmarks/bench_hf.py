@@ -7,7 +7,7 @@
          timed by the Trainer's own ``train_runtime``, one intra-op thread (on a shared machine, torch's
          thread pool waiting on descheduled threads swamps everything else). Each block gives the ratio
          on / mean of its two offs, and the A/A ratio off / off (the noise floor); prints the median and
-         range of both.
+         range of both, and the fastest run with the hooks against the fastest without (load only slows).
   hooks  in one process: the hooks' own work per optimizer step, timed directly (robust to machine noise)
   dump   in one process: the dying gasp's writer (model, optimizer, scheduler, RNG files,
          trainer_state.json, then the manifest) against the Trainer's own ``_save_checkpoint`` of the
@@ -56,7 +56,8 @@ if mode == "steps":
 else:
     trainer = run(True)[0]
     from ft_plugins.checkpoint import commit
-    from ft_plugins.torch.hf.ttp import _rng_state, _write_checkpoint
+    from ft_plugins.torch.hf.rng import RngState
+    from ft_plugins.torch.hf.ttp import _write_checkpoint
     saves, dumps = [], []
     for attempt in range(int(sys.argv[3])):
         trainer.state.global_step = 1000 + attempt
@@ -65,7 +66,7 @@ else:
         saves.append(time.perf_counter() - started)
         started = time.perf_counter()
         target = os.path.join(out, f"dump-{attempt}")
-        _write_checkpoint(trainer, target, _rng_state())
+        _write_checkpoint(trainer, target, RngState().take())
         commit(target)
         dumps.append(time.perf_counter() - started)
     from ft_plugins.torch.hf import events
@@ -101,9 +102,11 @@ def main() -> None:
     ratios = [on / ((off + again) / 2) for off, on, again in blocks]
     floor = [again / off for off, _, again in blocks]
     bare = [step for off, _, again in blocks for step in (off, again)]
+    fastest = min(on for _, on, _ in blocks) / min(bare)
     print(f"per step ({options.blocks} blocks of off/on/off, {options.steps} steps each, in one process): bare "
           f"median {statistics.median(bare):.2f} ms; ratio all features / bare: median "
-          f"{statistics.median(ratios):.4f} (range {min(ratios):.4f}-{max(ratios):.4f}); A/A off/off: median "
+          f"{statistics.median(ratios):.4f} (range {min(ratios):.4f}-{max(ratios):.4f}), fastest on / fastest off "
+          f"{fastest:.4f}; A/A off/off: median "
           f"{statistics.median(floor):.4f} (range {min(floor):.4f}-{max(floor):.4f}); load average "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     timed = _child("mstx,resume,ttp", "dump", "4", str(options.saves))

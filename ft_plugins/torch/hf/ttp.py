@@ -29,6 +29,7 @@ from ft_plugins.patching import Patch
 from ft_plugins.steps import FORWARD, IDLE, Frozen, StepTracker
 from ft_plugins.rank import global_rank
 from ft_plugins.torch.hf.resume import committed
+from ft_plugins.torch.hf.rng import RngState, restore
 from ft_plugins.torch.store import claim
 from ft_plugins.triggers import EXIT_ON_ERROR, DyingGasp
 
@@ -45,35 +46,6 @@ class _At:
     rng: dict[str, Any]
 
 
-def _rng_state() -> dict[str, Any]:
-    import random
-
-    import numpy
-    import torch
-
-    state: dict[str, Any] = {"python": random.getstate(), "numpy": numpy.random.get_state(),
-                             "cpu": torch.random.get_rng_state()}
-    for name in ("cuda", "npu"):
-        device = getattr(torch, name, None)
-        if device is not None and device.is_available():
-            state[name] = device.random.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    import random
-
-    import numpy
-    import torch
-
-    random.setstate(state["python"])
-    numpy.random.set_state(state["numpy"])
-    torch.random.set_rng_state(state["cpu"])
-    for name in ("cuda", "npu"):
-        if name in state:
-            getattr(torch, name).random.set_rng_state_all(state[name])
-
-
 class TrainerDump:
     def __init__(self, feature: Ttp) -> None:
         self.feature = feature
@@ -81,6 +53,7 @@ class TrainerDump:
         self.gasp = DyingGasp(self.tracker, self.save)
         self._refusal: str | None = None
         self._rng: dict[str, Any] | None = None
+        self._take_rng = RngState().take
         self._trainer: Any = None
 
     def patches(self) -> tuple[Patch, ...]:
@@ -110,14 +83,14 @@ class TrainerDump:
             return  # not inside a Trainer.train this feature serves
         if event == "step_begin":
             if self._rng is None:
-                self._rng = _rng_state()
+                self._rng = self._take_rng()
             self.tracker.begin(state.global_step, _At(self._trainer, self._rng))
         elif event == "step_end":
             self.tracker.end(self._advance)
 
     def _advance(self, at: _At) -> None:
         """Under the tracker's lock, as the step completes: the RNG a save of this step holds."""
-        self._rng = at.rng = _rng_state()
+        self._rng = at.rng = self._take_rng()
 
     # -- the dump ----------------------------------------------------------------------------------
     def save(self, reason: str, frozen: Frozen | None) -> None:
@@ -177,7 +150,7 @@ def _write_checkpoint(trainer: Any, directory: str, rng: dict[str, Any]) -> None
     trainer._save(directory)
     torch.save(trainer.optimizer.state_dict(), os.path.join(directory, OPTIMIZER_NAME))
     torch.save(trainer.lr_scheduler.state_dict(), os.path.join(directory, SCHEDULER_NAME))
-    _set_rng_state(rng)  # this process exits after the dump: its own RNG no longer matters
+    restore(rng)  # this process exits after the dump: its own RNG no longer matters
     trainer._save_rng_state(directory)
     world = trainer.args.world_size
     if world > 1:
