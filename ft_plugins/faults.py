@@ -1,6 +1,6 @@
 """Fault injection for fire drills: ``FT_PLUGINS_INJECT_FAULT`` makes a worker fail on purpose.
 
-``rank=R,step=N,kind=kill|term|exception|hang[,at=forward|update|save|join][,attempt=A][,life=L]``;
+``rank=R,step=N,kind=kill|term|exception|exit|hang[,at=forward|update|save|join][,attempt=A][,life=L]``;
 several faults are separated by ``;``. ``step=N`` is the step that starts after N completed steps (the one whose
 profiler range is ``step N``), so a dump that loses nothing holds iteration N. A fault fires once
 per job: on launcher attempt ``A`` only (default 0; torchrun's ``TORCHELASTIC_RESTART_COUNT``),
@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from typing import Mapping
@@ -26,7 +27,7 @@ from ft_plugins.recovery import replacement
 log = logging.getLogger("ft_plugins.faults")
 
 RESTART_VAR = "TORCHELASTIC_RESTART_COUNT"
-KINDS = ("kill", "term", "exception", "hang")
+KINDS = ("kill", "term", "exception", "exit", "hang")
 POINTS = ("forward", "update", "save", "join")
 EXAMPLE = "rank=1,step=3,kind=kill,at=forward"
 
@@ -95,13 +96,16 @@ def planned(rank: int, env: Mapping[str, str] | None = None) -> tuple[Fault, ...
 
 
 def fire(fault: Fault) -> None:
-    """Make the fault happen in this process, now: SIGKILL, SIGTERM, an exception, or a hang."""
+    """Make the fault happen in this process, now: SIGKILL, SIGTERM, an exception, ``sys.exit(3)`` (a script's
+    own error path: no traceback), or a hang."""
     if fault.kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     elif fault.kind == "term":
         os.kill(os.getpid(), signal.SIGTERM)
     elif fault.kind == "exception":
         raise InjectedFault(f"fault injected by {INJECT_VAR}: {fault}")
+    elif fault.kind == "exit":
+        sys.exit(3)
     else:
         while True:  # a hung rank: only a signal ends it
             time.sleep(3600)

@@ -136,6 +136,35 @@ def assert_bit_identical(left: Path, right: Path,
     assert not different, different
 
 
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants: a hung job's workers too (torchrun starts each in a session
+    of its own, so a process group does not reach them)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        family = [*root.children(recursive=True), root]
+    except psutil.NoSuchProcess:
+        return
+    for process in family:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def finish(process: subprocess.Popen, timeout: int) -> tuple[str, str]:
+    """``process``'s (stdout, stderr) once it ended; still running after ``timeout`` seconds, it is killed with
+    all its descendants and the test fails with the tail of its output."""
+    try:
+        return process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(process.pid)
+        out, err = process.communicate()
+        raise AssertionError(f"still running after {timeout} s:\n{(out or '')[-4000:]}\n{(err or '')[-3000:]}") \
+            from None
+
+
 def free_port() -> int:
     import socket
 

@@ -18,7 +18,7 @@ def test_spec_with_defaults_and_several_faults() -> None:
 
 @pytest.mark.parametrize(("raw", "message"), [
     ("rank=1,step=3", "lacks kind"),
-    ("rank=1,step=3,kind=explode", "kind='explode' is not one of kill, term, exception, hang"),
+    ("rank=1,step=3,kind=explode", "kind='explode' is not one of kill, term, exception, exit, hang"),
     ("rank=1,step=3,kind=kill,at=backward", "at='backward' is not one of forward, update, save"),
     ("rank=-1,step=3,kind=kill", "rank='-1'"),
     ("rank=1,step=3,kind=kill,rank=2", "each once"),

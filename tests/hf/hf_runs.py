@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from support import FAKES, REPO, TORCHRUN, free_port
+from support import FAKES, REPO, TORCHRUN, finish, free_port
 
 EXAMPLE = REPO / "examples" / "hf_trainer" / "train.py"
 FT_PLUGINS = str(Path(sys.executable).with_name("ft-plugins"))
@@ -49,9 +49,10 @@ def start_trainer(workdir: Path, out: Path, *args: str, ft: bool = True, fakes: 
 
 
 def run_trainer(workdir: Path, out: Path, *args: str, timeout: int = 300, **options: object) -> Job:
-    """:func:`start_trainer`, to its end."""
+    """:func:`start_trainer`, to its end; a job still running after ``timeout`` seconds is killed whole (its
+    own session) and fails the test."""
     process, final = start_trainer(workdir, out, *args, **options)  # type: ignore[arg-type]
-    output, _ = process.communicate(timeout=timeout)
+    output, _ = finish(process, timeout)
     return Job(process.returncode, output, out, final)
 
 

@@ -86,3 +86,13 @@ def test_each_fault_leaves_the_last_completed_step_and_the_chain_ends_bit_identi
     assert final.returncode == 0 and final.lines(f"newest checkpoint {out / 'checkpoint-10'} is intact"), \
         final.output[-3000:]
     assert same_state(reference.final, final.final) == []
+
+
+def test_a_rank_leaving_through_sys_exit_mid_training_ends_the_job_and_rank_0_dumps(tmp_path: Path) -> None:
+    """A script's own ``sys.exit`` on rank 1 in step 4: the exit drain stands aside (its barrier would meet
+    rank 0's next collective and both would wait for gloo's timeout, 30 minutes), rank 0's collective fails at
+    once and it dumps checkpoint-3."""
+    job = run_trainer(tmp_path, tmp_path / "out", *ARGS, timeout=240, **TTP,
+                      FT_PLUGINS_INJECT_FAULT="rank=1,step=3,kind=exit")
+    assert job.lines("kind=exit"), job.output[-4000:]
+    _dumped(job, 3)

@@ -8,7 +8,6 @@ import importlib.util
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -19,7 +18,7 @@ from typing import Iterator
 
 import pytest
 
-from support import FAKES, PYTHON
+from support import FAKES, PYTHON, finish
 
 # Each stub library appends "<name> <pid>" to $FT_FAKE_PRELOAD_RECORD when the loader maps it.
 STUB_SOURCE = r"""
@@ -98,15 +97,10 @@ def launch_env(vendors: Vendors, workdir: Path, **overrides: str) -> dict[str, s
 
 
 def ft_run(args: list[str], env: dict[str, str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    """``ft-plugins run ARGS`` in its own session, so a hung job is killed whole on timeout."""
+    """``ft-plugins run ARGS`` in its own session; a hung job is killed whole on timeout, its workers too."""
     process = subprocess.Popen([PYTHON, "-m", "ft_plugins.cli", "run", *args], env=env, cwd=cwd, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        out, err = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        out, err = process.communicate()
-        raise AssertionError(f"timed out after {timeout} s:\n{out[-3000:]}\n{err[-3000:]}") from None
+    out, err = finish(process, timeout)
     return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
 

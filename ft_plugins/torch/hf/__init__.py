@@ -24,10 +24,10 @@ from ft_plugins.features.ttp import Ttp
 from ft_plugins.patching import MissingSymbol, Patch, PatchSet
 from ft_plugins.runtime import Runtime
 from ft_plugins.torch.hf import events
+from ft_plugins.torch.hf.targets import TRAINER
 
 log = logging.getLogger("ft_plugins.torch")
 
-TRAINER = "transformers.trainer"
 SUPPORTED = "transformers 4.40 to 4.57, accelerate 0.30 to 1.x"
 
 

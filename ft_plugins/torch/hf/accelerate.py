@@ -19,10 +19,9 @@ from ft_plugins.features.resume import Resume
 from ft_plugins.patching import Patch
 from ft_plugins.torch.hf.agree import barrier
 from ft_plugins.torch.hf.resume import Chooser, _number, committed
+from ft_plugins.torch.hf.targets import ACCELERATOR
 
 log = logging.getLogger("ft_plugins.resume")
-
-ACCELERATOR = "accelerate.accelerator"
 
 
 def _folders(directory: str) -> list[str]:

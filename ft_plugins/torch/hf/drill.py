@@ -17,8 +17,7 @@ from typing import Any, Callable
 from ft_plugins import faults
 from ft_plugins.patching import Patch
 from ft_plugins.torch.hf.resume import _number
-
-TRAINER = "transformers.trainer"
+from ft_plugins.torch.hf.targets import TRAINER
 
 
 class TrainerDrill:

@@ -9,9 +9,7 @@ from typing import Any, Callable
 
 from ft_plugins.features.mstx import DATALOADER, SAVE_CHECKPOINT, Mstx
 from ft_plugins.patching import Patch
-
-TRAINER = "transformers.trainer"
-ACCELERATOR = "accelerate.accelerator"
+from ft_plugins.torch.hf.targets import ACCELERATOR, TRAINER
 
 
 class TrainerRanges:

@@ -23,10 +23,10 @@ from ft_plugins.checkpoint.errors import NoIntactCheckpoint
 from ft_plugins.features import resume as resume_feature
 from ft_plugins.patching import Patch
 from ft_plugins.torch.hf.agree import agree, barrier
+from ft_plugins.torch.hf.targets import TRAINER
 
 log = logging.getLogger("ft_plugins.resume")
 
-TRAINER = "transformers.trainer"
 INCOMPLETE_MARKER = "checkpoint-is-incomplete.txt"  # transformers v5's just-in-time save
 STEP = re.compile(r"checkpoint[-_](\d+)$")
 

@@ -12,6 +12,7 @@ from typing import Any, Callable
 from ft_plugins.features.taskd import Taskd
 from ft_plugins.patching import Patch
 from ft_plugins.rank import global_rank
+from ft_plugins.torch.hf.targets import ACCELERATOR, TRAINER
 
 log = logging.getLogger("ft_plugins.taskd")
 
@@ -30,8 +31,8 @@ class WorkerStart:
 
     def patches(self) -> tuple[Patch, ...]:
         self._start()  # ft_plugins imported after distributed init
-        return (Patch("transformers.trainer", "Trainer.__init__", self._after),
-                Patch("accelerate.accelerator", "Accelerator.__init__", self._after))
+        return (Patch(TRAINER, "Trainer.__init__", self._after),
+                Patch(ACCELERATOR, "Accelerator.__init__", self._after))
 
     def _after(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         result = wrapped(*args, **kwargs)

@@ -30,12 +30,11 @@ from ft_plugins.steps import FORWARD, IDLE, Frozen, StepTracker
 from ft_plugins.rank import global_rank
 from ft_plugins.torch.hf.resume import committed
 from ft_plugins.torch.hf.rng import RngState, restore
+from ft_plugins.torch.hf.targets import TRAINER
 from ft_plugins.torch.store import claim
 from ft_plugins.triggers import EXIT_ON_ERROR, DyingGasp
 
 log = logging.getLogger("ft_plugins.ttp")
-
-TRAINER = "transformers.trainer"
 
 
 @dataclass
