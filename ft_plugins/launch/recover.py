@@ -95,7 +95,8 @@ class Supervisor:
         context = getattr(agent, "_pcontext", None)
         handlers = getattr(context, "subprocess_handlers", None)
         if worker_group is not None and handlers and not self.refusal:
-            self.spares.refill(context)
+            if self._settled(worker_group):
+                self.spares.refill(context)
             for local_rank in sorted(context._running_local_ranks):
                 code = handlers[local_rank].proc.poll()
                 if code not in (None, 0):
@@ -132,6 +133,16 @@ class Supervisor:
         self.store.set(key(self.generation, "lost"), str(rank))
         log.warning("recover: rank %d exited with code %d; " + how + " as generation %d, the other workers keep "
                     "running", rank, code, handler.proc.pid, self.generation)
+
+    def _settled(self, worker_group: Any) -> bool:
+        """No recovery under way: a spare started during one would take the CPU from the replacement's set-up
+        (on a 2-core machine it delayed the repair by seconds)."""
+        if not self.generation:
+            return True
+        try:
+            return self.store.add(key(self.generation, "done"), 0) >= worker_group.workers[0].world_size
+        except Exception:  # the store host is gone: the next failure says so; a spare costs nothing then
+            return True
 
     def _why_not(self, worker_group: Any) -> str:
         """Why this failure cannot be recovered in place ("" when it can)."""
