@@ -4,10 +4,12 @@
          built-in engine) against none, interleaved in one process so that the machine's load drifts
          alike for both: ``--blocks`` times, three short training runs of ``--steps`` steps each, off /
          on / off (``ft_plugins.torch.disable()`` / ``enable()`` between them, a fresh Trainer each),
-         timed by the Trainer's own ``train_runtime``, one intra-op thread (on a shared machine, torch's
-         thread pool waiting on descheduled threads swamps everything else). Each block gives the ratio
-         on / mean of its two offs, and the A/A ratio off / off (the noise floor); prints the median and
-         range of both, and the fastest run with the hooks against the fastest without (load only slows).
+         one intra-op thread (on a shared machine, torch's thread pool waiting on descheduled threads
+         swamps everything else). A run's figure is its median step, from one step's end to the next (so
+         ``train()``'s ~0.2 s of set-up and a step slowed by another job do not count), by the wall clock
+         and by the process's CPU time (less moved by other jobs sharing the machine). Each block gives the
+         ratio on / mean of its two offs, and the A/A ratio off / off (the noise floor); prints the median
+         and range of both, and the fastest run with the hooks against the fastest without.
   hooks  in one process: the hooks' own work per optimizer step, timed directly (robust to machine noise)
   dump   in one process: the dying gasp's writer (model, optimizer, scheduler, RNG files,
          trainer_state.json, then the manifest) against the Trainer's own ``_save_checkpoint`` of the
@@ -32,7 +34,7 @@ CHILD = r"""
 import json, os, sys, tempfile, time
 import ft_plugins.torch
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments, set_seed
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments, set_seed
 mode, steps = sys.argv[1], int(sys.argv[2])
 if mode == "steps":
     torch.set_num_threads(1)
@@ -41,18 +43,32 @@ data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 64, (512, 
 out = tempfile.mkdtemp()
 model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2))
 
+class Clock(TrainerCallback):
+    def __init__(self):
+        self.ends = []
+
+    def on_step_end(self, *args, **kwargs):
+        self.ends.append((time.perf_counter(), time.process_time()))
+
+def median_step(ends, clock):
+    steps = sorted(1000 * (later[clock] - earlier[clock]) for earlier, later in zip(ends, ends[1:]))
+    return steps[len(steps) // 2]
+
 def run(hooked):
     ft_plugins.torch.enable() if hooked else ft_plugins.torch.disable()
     args = TrainingArguments(output_dir=out, max_steps=steps, save_strategy="no", per_device_train_batch_size=4,
                              lr_scheduler_type="constant", report_to=[], use_cpu=True, disable_tqdm=True,
                              logging_strategy="no", dataloader_num_workers=0)
-    trainer = Trainer(model=model, args=args, train_dataset=data)
-    return trainer, 1000 * trainer.train().metrics["train_runtime"] / steps
+    clock = Clock()
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[clock])
+    trainer.train()
+    return trainer, median_step(clock.ends, 0), median_step(clock.ends, 1)
 
 run(False), run(True)  # warm-up: first-call costs (imports, allocator) out of the blocks
 if mode == "steps":
-    blocks = [[run(hooked)[1] for hooked in (False, True, False)] for _ in range(int(sys.argv[3]))]
-    print(json.dumps({"blocks": blocks}))
+    blocks = [[run(hooked)[1:] for hooked in (False, True, False)] for _ in range(int(sys.argv[3]))]
+    print(json.dumps({"wall": [[wall for wall, _ in block] for block in blocks],
+                      "cpu": [[cpu for _, cpu in block] for block in blocks]}))
 else:
     trainer = run(True)[0]
     from ft_plugins.checkpoint import commit
@@ -98,17 +114,20 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=9)
     parser.add_argument("--saves", type=int, default=5)
     options = parser.parse_args()
-    blocks = _child("mstx,resume,ttp", "steps", str(options.steps), str(options.blocks))["blocks"]
-    ratios = [on / ((off + again) / 2) for off, on, again in blocks]
-    floor = [again / off for off, _, again in blocks]
-    bare = [step for off, _, again in blocks for step in (off, again)]
-    fastest = min(on for _, on, _ in blocks) / min(bare)
-    print(f"per step ({options.blocks} blocks of off/on/off, {options.steps} steps each, in one process): bare "
-          f"median {statistics.median(bare):.2f} ms; ratio all features / bare: median "
-          f"{statistics.median(ratios):.4f} (range {min(ratios):.4f}-{max(ratios):.4f}), fastest on / fastest off "
-          f"{fastest:.4f}; A/A off/off: median "
-          f"{statistics.median(floor):.4f} (range {min(floor):.4f}-{max(floor):.4f}); load average "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    measured = _child("mstx,resume,ttp", "steps", str(options.steps), str(options.blocks))
+    for clock in ("wall", "cpu"):
+        blocks = measured[clock]
+        ratios = [on / ((off + again) / 2) for off, on, again in blocks]
+        floor = [again / off for off, _, again in blocks]
+        bare = [step for off, _, again in blocks for step in (off, again)]
+        fastest = min(on for _, on, _ in blocks) / min(bare)
+        print(f"per step, {'wall clock' if clock == 'wall' else 'CPU time of the process'} ({options.blocks} "
+              f"blocks of off/on/off, {options.steps} steps each, in one process): bare median "
+              f"{statistics.median(bare):.2f} ms; ratio all features / bare: median {statistics.median(ratios):.4f} "
+              f"(range {min(ratios):.4f}-{max(ratios):.4f}), fastest on / fastest off {fastest:.4f}; A/A off/off: "
+              f"median {statistics.median(floor):.4f} (range {min(floor):.4f}-{max(floor):.4f})")
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    bare = [step for off, _, again in measured["wall"] for step in (off, again)]
     timed = _child("mstx,resume,ttp", "dump", "4", str(options.saves))
     print(f"the hooks' own work per optimizer step (step events with the step range and the step tracker's RNG "
           f"snapshot, the update bracket), in-process: {timed['hooks_us']:.1f} us = "

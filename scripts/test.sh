@@ -12,6 +12,7 @@ FAST=(
   tests/ttp/test_dump.py tests/ttp/test_engine_choice.py tests/hf/test_rng.py
   tests/torch_plugin/test_enable_disable.py
   tests/launch/test_k8s.py tests/launch/test_k8s_fuzz.py tests/launch/test_doctor.py tests/launch/test_manager_env.py
+  tests/launch/test_spares.py
   tests/patch/test_codemod.py tests/patch/test_patch_engine.py
   tests/patch/test_patch_revert_safety.py
 )
