@@ -78,6 +78,7 @@ class Supervisor:
         self.store: Any = None
         self.generation = 0
         self.lives: dict[int, int] = {}  # local rank -> replacements so far
+        self.settled = 0  # the newest generation every rank finished repairing
         self.refusal = ""  # once set, torchrun's own handling runs for every failure
 
     def install(self) -> None:
@@ -137,12 +138,15 @@ class Supervisor:
     def _settled(self, worker_group: Any) -> bool:
         """No recovery under way: a spare started during one would take the CPU from the replacement's set-up
         (on a 2-core machine it delayed the repair by seconds)."""
-        if not self.generation:
+        if self.settled == self.generation:
             return True
         try:
-            return self.store.add(key(self.generation, "done"), 0) >= worker_group.workers[0].world_size
+            if self.store.add(key(self.generation, "done"), 0) < worker_group.workers[0].world_size:
+                return False
         except Exception:  # the store host is gone: the next failure says so; a spare costs nothing then
-            return True
+            pass
+        self.settled = self.generation  # asked no more until the next generation
+        return True
 
     def _why_not(self, worker_group: Any) -> str:
         """Why this failure cannot be recovered in place ("" when it can)."""

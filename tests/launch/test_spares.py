@@ -16,8 +16,10 @@ class Store:
     def __init__(self, **counters: int) -> None:
         self.counters = counters
         self.fails = False
+        self.calls = 0
 
     def add(self, name: str, amount: int) -> int:
+        self.calls += 1
         if self.fails:
             raise ConnectionError("store host gone")
         self.counters[name] = self.counters.get(name, 0) + amount
@@ -55,5 +57,8 @@ def test_a_spare_is_started_only_once_the_recovery_is_done() -> None:
     assert _round(supervisor) == 0  # 3 of 4 ranks repaired: the replacement is still setting up
     supervisor.store.counters[key(1, "done")] = 4
     assert _round(supervisor) == 1
+    calls = supervisor.store.calls
+    assert _round(supervisor) == 1 and supervisor.store.calls == calls  # a settled generation is not asked again
+    supervisor.generation = 2
     supervisor.store.fails = True  # the store host gone: the next failure says so; the spare costs nothing
     assert _round(supervisor) == 1
