@@ -141,7 +141,8 @@ class Supervisor:
         if self.settled == self.generation:
             return True
         try:
-            if self.store.add(key(self.generation, "done"), 0) < worker_group.workers[0].world_size:
+            done, world = self._repaired(worker_group)
+            if done < world:
                 return False
         except Exception:  # the store host is gone: the next failure says so; a spare costs nothing then
             pass
@@ -159,13 +160,17 @@ class Supervisor:
             if self.store.check([upcoming]):  # a worker gave the next generation up (an exception, not a loss)
                 return f"generation {self.generation + 1} was given up: {self.store.get(upcoming).decode()}"
             if self.generation:
-                done = self.store.add(key(self.generation, "done"), 0)
-                world = worker_group.workers[0].world_size
+                done, world = self._repaired(worker_group)
                 if done < world:
-                    return f"a second fault during recovery (generation {self.generation}: {done}/{world} ranks repaired)"
+                    return (f"a second fault during recovery (generation {self.generation}: {done}/{world} ranks "
+                            "repaired)")
         except Exception as exc:  # the store host is gone
             return f"torchrun's store is unreachable ({type(exc).__name__}: {exc})"
         return ""
+
+    def _repaired(self, worker_group: Any) -> tuple[int, int]:
+        """(ranks that finished repairing the current generation, ranks in the job), from the store."""
+        return self.store.add(key(self.generation, "done"), 0), worker_group.workers[0].world_size
 
     def _connect(self, worker_group: Any) -> None:
         if self.store is not None:

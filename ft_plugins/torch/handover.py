@@ -4,8 +4,9 @@ The holder builds it as Megatron's ``save_checkpoint`` at K would (``generate_st
 optimizer, scheduler, RNG, arguments with the consumed samples at K, floating point operations; with the
 distributed optimizer also the holder's own shard of the parameter state, which only a rank at the same
 place of another optimizer instance holds too), serializes it with ``torch.save`` into memory and sends
-it point to point inside the data-parallel group (size, then bytes); the receiver applies it as Megatron's ``load_checkpoint`` would. No file is
-written or read. :class:`Batches` keeps a step's batches so that a step run again reads the same data.
+it point to point inside the data-parallel group (size, then bytes); the receiver applies it as Megatron's
+``load_checkpoint`` would. No file is written or read. :class:`Batches` keeps a step's batches so that a
+step run again reads the same data.
 """
 
 from __future__ import annotations

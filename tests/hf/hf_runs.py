@@ -49,8 +49,8 @@ def start_trainer(workdir: Path, out: Path, *args: str, ft: bool = True, fakes: 
 
 
 def run_trainer(workdir: Path, out: Path, *args: str, timeout: int = 300, **options: object) -> Job:
-    """:func:`start_trainer`, to its end; a job still running after ``timeout`` seconds is killed whole (its
-    own session) and fails the test."""
+    """:func:`start_trainer`, to its end; a job still running after ``timeout`` seconds is killed with its
+    workers and fails the test."""
     process, final = start_trainer(workdir, out, *args, **options)  # type: ignore[arg-type]
     output, _ = finish(process, timeout)
     return Job(process.returncode, output, out, final)

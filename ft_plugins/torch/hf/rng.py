@@ -48,7 +48,7 @@ def _raw_address(numpy: Any) -> int | None:
     except (AttributeError, TypeError, ValueError):
         return None
     state = numpy.random.get_state()
-    if state[0] != "MT19937" or len(state[1]) != _WORDS:
+    if state[0] != "MT19937":
         return None
     expected = numpy.asarray(state[1], dtype=numpy.uint32).tobytes() + struct.pack("i", int(state[2]))
     return address if ctypes.string_at(address, _RAW_SIZE) == expected else None
