@@ -156,10 +156,14 @@ class StepTracker:
             return Frozen(self.phase, self.completed, self._update_ok, self.payload, self.torn)
 
     def _park_if_frozen(self) -> None:
-        """Called with the lock held: once frozen, the main thread stays here for good."""
+        """Called with the lock held: once frozen, the main thread stays here for good, even when a signal
+        handler raises in it (torch's SIGCHLD handler: a data loader worker ended) while a save is writing."""
         if not self._frozen:
             return
         self._main_parked = True
         self._cond.notify_all()
         while True:
-            self._cond.wait()
+            try:
+                self._cond.wait()
+            except Exception:  # the wait re-takes the lock before raising: park again
+                continue

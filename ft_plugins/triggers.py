@@ -67,13 +67,14 @@ def ignore_children() -> None:
 
 
 def watch_signal(signum: int, act: Callable[[], None], name: str) -> None:
-    """Call ``act`` in a thread of its own when ``signum`` arrives; the previous handler still runs (late,
-    in the main thread). Call from the main thread."""
+    """Call ``act`` in a thread of its own when ``signum`` arrives, a signal that ends the process; the
+    previous handler still runs (late, in the main thread). Call from the main thread."""
     reader, writer = os.pipe()
     os.set_blocking(writer, False)
     previous = signal.getsignal(signum)
 
     def chained(received: int, frame: Any) -> None:  # runs late in the main thread; the watcher acts
+        ignore_children()  # the watcher's save runs in another thread: its ``fire`` cannot do this there
         if callable(previous):
             previous(received, frame)
 
