@@ -6,7 +6,7 @@ checkpoints on disk. A crash is rank 1 SIGKILLing itself right after a step ende
 SIGTERM to the launcher. The jobs form one chain, each fixture built on the one before:
 reference (MindSpore alone; msrun SIGTERMed, its orphans train on to the end) ·
 crashed (MindSpore alone, rank 1 killed after step 14) · dumped (the same with ``ttp``) ·
-preempted (relaunched with the recipe under ``ft-plugins run``, SIGTERM to it after step 18) ·
+preempted (relaunched with the recipe under ``ft-plugins run``, SIGTERM to it after step 19) ·
 finished (relaunched again, to the end).
 """
 
@@ -24,7 +24,9 @@ from msrun_jobs import STEPS, WORKERS, Job, alive, assert_same_parameters, job_e
 from support import PYTHON
 
 KILLED_AFTER = 14  # two steps after the save of step 12
-SLOW_AFTER = 18
+# the relaunch starts at step 15 and saves at 18 and 22: SIGTERM once step 19 ended, each step after 18 taking
+# 1 s more, reaches the workers between the two, at a step no regular save writes
+STOPPED_AFTER, NEXT_SAVE = 19, 22
 GRACE = 20
 FT_RUN = (PYTHON, "-m", "ft_plugins.cli", "run", "--grace", str(GRACE), "--")
 
@@ -79,12 +81,12 @@ def dumped(tmp_path_factory: pytest.TempPathFactory) -> Job:
 
 @pytest.fixture(scope="module")
 def preempted(dumped: Job, tmp_path_factory: pytest.TempPathFactory) -> Job:
-    """Relaunched on the dump under ``ft-plugins run``; SIGTERM to the launcher once rank 0 ended step 18."""
+    """Relaunched on the dump under ``ft-plugins run``; SIGTERM to the launcher once rank 0 ended step 19."""
     workdir = tmp_path_factory.mktemp("preempted")
     root = _copy(dumped.root, workdir / "ckpt")
-    job = msrun_jobs.start(workdir, "recipe", job_env(FT_PLUGINS="ttp,resume", FT_TEST_SLOW=str(SLOW_AFTER)),
+    job = msrun_jobs.start(workdir, "recipe", job_env(FT_PLUGINS="ttp,resume", FT_TEST_SLOW=f"{STOPPED_AFTER - 1}:1"),
                            root=root, launcher=FT_RUN)
-    msrun_jobs.wait_for_step(job, 0, SLOW_AFTER)
+    msrun_jobs.wait_for_step(job, 0, STOPPED_AFTER)
     job.process.send_signal(signal.SIGTERM)
     return msrun_jobs.wait(job)
 
@@ -133,7 +135,7 @@ def test_sigterm_to_the_launcher_ends_every_process_after_its_dying_gasp(preempt
     assert sorted(ours.values()) == ["MS_SCHED", "MS_WORKER", "MS_WORKER"]
     assert not [pid for pid in ours if alive(pid)] and not msrun_jobs.log_tails(preempted)  # nothing outlives it
     last = max(preempted.steps(rank)[-1] for rank in range(WORKERS))
-    assert SLOW_AFTER <= last < STEPS
+    assert STOPPED_AFTER <= last < NEXT_SAVE, f"SIGTERM reached the workers after the regular save of step {last}"
     epoch, step_in_epoch = (last - 1) // 8 + 1, (last - 1) % 8 + 1
     assert _latest_step(preempted.root) == (epoch, step_in_epoch)  # the last completed step, committed
     # both workers wrote on SIGTERM at once: every file of that step has one writer (a claim each), none left over
