@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from ft_plugins.config import STRICT_VAR, ConfigError, parse_bool
+from ft_plugins.patching import rebinding_once
 from ft_plugins.runtime import Runtime, activate, configuration_error
 
 FRAMEWORK = "pt"
@@ -33,20 +34,22 @@ def enable(
     from ft_plugins.torch.hf import HFIntegration
     from ft_plugins.torch.megatron import MegatronIntegration
 
-    disable()
-    runtime = activate(FRAMEWORK, features=features, options=options)
-    _runtime = runtime
-    _integrations[:] = [MegatronIntegration(runtime), HFIntegration(runtime)]
-    for integration in _integrations:
-        integration.apply()
+    with rebinding_once():
+        disable()
+        runtime = activate(FRAMEWORK, features=features, options=options)
+        _runtime = runtime
+        _integrations[:] = [MegatronIntegration(runtime), HFIntegration(runtime)]
+        for integration in _integrations:
+            integration.apply()
     return runtime
 
 
 def disable() -> None:
     """Remove every hook and stop the features; the frameworks' functions are the originals again."""
     global _runtime
-    for integration in reversed(_integrations):
-        integration.remove()
+    with rebinding_once():
+        for integration in reversed(_integrations):
+            integration.remove()
     _integrations.clear()
     if _runtime is not None:
         _runtime.stop()

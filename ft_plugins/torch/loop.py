@@ -50,10 +50,13 @@ def save_as_the_loop(iteration: int, objects: tuple[Any, Any, Any], context: Any
                                                            train_data_iterator=iterator)
 
 
-def attempt(wrapped: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Any, str | None, bool]:
+def attempt(wrapped: Callable[..., Any], args: tuple, kwargs: dict,
+            lost: Callable[[], None]) -> tuple[Any, str | None, bool]:
     """Run the step; on failure return only a description and whether the exception is this rank's own
     (not raised in a collective, i.e. under a ``distributed`` package: torch's, megatron's): the exception,
-    its traceback and the frames' pending work are released before anybody waits."""
+    its traceback and the frames' pending work are released before anybody waits. A peer lost (not our own
+    exception): ``lost()`` first, at once (shutting this rank's connections down, so that peers whose
+    collectives never reach the lost rank fail now, not after the collection: 0.4 s with megatron imported)."""
     try:
         return wrapped(*args, **kwargs), None, False
     except Exception as exc:
@@ -61,6 +64,8 @@ def attempt(wrapped: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Any
         files = [frame.f_code.co_filename for frame, _ in traceback.walk_tb(exc.__traceback__)]
         own = not any(f"{os.sep}distributed{os.sep}" in name for name in files)
         traceback.clear_frames(exc.__traceback__)
+        if not own:
+            lost()
     gc.collect()
     return None, reason, own
 

@@ -141,7 +141,7 @@ class MegatronRecovery:
         if self.batches is not None:
             self.batches.begin_step()
         while True:
-            result, reason, own = loop.attempt(wrapped, args, kwargs)
+            result, reason, own = loop.attempt(wrapped, args, kwargs, self.regroup.interrupt)
             if reason is None:
                 self.result_size = len(result) if isinstance(result, tuple) else self.result_size
                 return result
@@ -172,7 +172,7 @@ class MegatronRecovery:
         """Run a part of the loop after the step (its logging, its save); a rank lost in it is repaired, then
         the part runs again from its top on every rank (``saving`` None: the dump instead)."""
         while True:
-            result, reason, own = loop.attempt(wrapped, args, kwargs)
+            result, reason, own = loop.attempt(wrapped, args, kwargs, self.regroup.interrupt)
             if reason is None:
                 return result
             if own:

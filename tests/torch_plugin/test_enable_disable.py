@@ -51,6 +51,27 @@ def test_enable_is_idempotent_and_disable_restores_the_exact_originals(ft_torch)
     assert all(now is before for now, before in zip(_current(), originals))
 
 
+def test_a_reconfiguration_makes_one_pass_over_the_modules_globals(ft_torch, monkeypatch: pytest.MonkeyPatch) -> None:
+    """enable() again (a warm spare taking over a rank) removes and re-applies every patch set: one pass over
+    the modules, not one per patch set and module, and each target wrapped once."""
+    from ft_plugins import patching
+
+    import megatron.training.training  # noqa: F401
+
+    ft_torch.disable()
+    originals = _current()
+    ft_torch.enable("taskd,mstx")
+    passes: list[int] = []
+    scan = patching._scan
+    monkeypatch.setattr(patching, "_scan", lambda replacements: (passes.append(len(replacements)), scan(replacements)))
+    ft_torch.enable("taskd,mstx")
+    assert len(passes) == 1, passes
+    for before, after in zip(originals, _current()):
+        assert after.__wrapped__ is before
+    ft_torch.disable()
+    assert len(passes) == 2 and _current() == originals
+
+
 def test_a_module_that_copied_train_step_before_enable_is_patched_and_restored(ft_torch) -> None:
     sys.path.insert(0, str(FIXTURES))
     try:
