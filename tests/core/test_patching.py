@@ -1,0 +1,94 @@
+"""Reversible patches reach every copy of a patched function, including copies taken while its module was being
+imported, and a module's post-import patching reads only the modules imported since it began."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Iterator
+
+import pytest
+
+from ft_plugins import patching
+from ft_plugins.patching import Patch, PatchSet
+
+
+class Watched(ModuleType):
+    """A module that records whether a pass over the modules' globals read it."""
+
+    read = False
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "__dict__":
+            type(self).read = True
+        return super().__getattribute__(name)
+
+
+@pytest.fixture
+def package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """``target`` defines ``step`` and, while it is imported, imports ``copier`` (which copies ``step`` by name);
+    ``late`` copies it after the import."""
+    (tmp_path / "ftp_target.py").write_text("def step():\n    return 'original'\n\nimport ftp_copier  # noqa\n")
+    (tmp_path / "ftp_copier.py").write_text("from ftp_target import step\n")
+    (tmp_path / "ftp_late.py").write_text("from ftp_target import step\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    for name in ("ftp_target", "ftp_copier", "ftp_late", "ftp_watched"):
+        sys.modules.pop(name, None)
+
+
+def _wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> str:
+    return f"patched {wrapped(*args, **kwargs)}"
+
+
+def test_a_module_imported_after_patching_has_every_copy_patched_and_restored(package: Path) -> None:
+    sys.modules["ftp_watched"] = Watched("ftp_watched")  # imported before the target: it cannot hold a copy
+    Watched.read = False
+    patches = PatchSet("test", (Patch("ftp_target", "step", _wrapper),), lambda *_: None)
+    patches.apply()
+    import ftp_copier
+    import ftp_late
+    import ftp_target
+
+    assert ftp_target.step() == ftp_copier.step() == ftp_late.step() == "patched original"
+    assert not Watched.read, "the post-import pass read a module imported before the target"
+    patches.remove()
+    assert ftp_target.step() == ftp_copier.step() == ftp_late.step() == "original"
+    assert Watched.read  # removing reads every module: a copy may be anywhere by then
+
+
+def test_patching_an_imported_module_reads_every_module(package: Path) -> None:
+    import ftp_copier
+    import ftp_target
+
+    sys.modules["ftp_watched"] = Watched("ftp_watched")
+    Watched.read = False
+    patches = PatchSet("test", (Patch("ftp_target", "step", _wrapper),), lambda *_: None)
+    patches.apply()
+    try:
+        assert ftp_copier.step() == "patched original" and Watched.read
+    finally:
+        patches.remove()
+    assert ftp_target.step() == "original"
+
+
+def test_inside_rebinding_once_removal_and_patching_compose_into_one_pass(package: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import ftp_copier
+    import ftp_target
+
+    original = ftp_target.step
+    first = PatchSet("first", (Patch("ftp_target", "step", _wrapper),), lambda *_: None)
+    first.apply()
+    passes: list[int] = []
+    scan = patching._scan
+    monkeypatch.setattr(patching, "_scan", lambda replacements, imported=None: (passes.append(1), scan(replacements)))
+    second = PatchSet("second", (Patch("ftp_target", "step", _wrapper),), lambda *_: None)
+    with patching.rebinding_once():
+        first.remove()
+        second.apply()
+    assert passes == [1]
+    assert ftp_copier.step is ftp_target.step and ftp_target.step.__wrapped__ is original  # wrapped once
+    second.remove()
+    assert ftp_copier.step is original
