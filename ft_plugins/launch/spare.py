@@ -8,7 +8,6 @@ once imported it says so on its standard output (one line; its output goes to st
 that), then waits for one line on its standard
 input: the lost worker's environment as JSON. It takes that environment, turns ft_plugins on again
 with it and runs ``SCRIPT`` as the lost worker would have. End of input (the launcher gone): it exits.
-Until it takes over it runs at the lowest CPU priority (:func:`lower_priority`).
 """
 
 from __future__ import annotations
@@ -16,50 +15,14 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import resource
 import runpy
 import sys
-from typing import Callable
 
 READY = "ft_plugins spare ready"
 PRELOADED = ("torch", "torch.distributed", "megatron.training")
-LOWEST = 19
-CAP_SYS_NICE = 23
-
-
-def may_raise_priority(nice: int) -> bool:
-    """Whether this process may set its nice value back down to ``nice`` (CAP_SYS_NICE, or RLIMIT_NICE)."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NICE)
-    if soft == resource.RLIM_INFINITY or soft >= 20 - nice:
-        return True
-    with open("/proc/self/status", encoding="ascii") as status:
-        effective = next((line.split()[1] for line in status if line.startswith("CapEff:")), "0")
-    return bool(int(effective, 16) >> CAP_SYS_NICE & 1)
-
-
-def lower_priority() -> Callable[[], None]:
-    """The spare imports and waits at the lowest CPU priority, so that the ranks training on the same cores
-    keep theirs (a spare started after a repair, importing torch and megatron beside 4 ranks on 2 cores, slowed
-    them by about 1.5 s); the call returned gives every thread of the process the workers' priority back, at
-    take-over. Where the process could not raise it back, nothing is lowered (a rank must not train at the
-    lowest priority)."""
-    nice = os.getpriority(os.PRIO_PROCESS, 0)
-    if nice >= LOWEST or not may_raise_priority(nice):
-        return lambda: None
-    os.setpriority(os.PRIO_PROCESS, 0, LOWEST)  # this thread; the threads it starts inherit it
-
-    def restore() -> None:
-        for task in os.listdir("/proc/self/task"):  # Linux keeps a nice value per thread
-            try:
-                os.setpriority(os.PRIO_PROCESS, int(task), nice)
-            except OSError:  # the thread ended meanwhile
-                continue
-
-    return restore
 
 
 def main() -> None:
-    restore_priority = lower_priority()
     for module in PRELOADED:
         try:
             importlib.import_module(module)
@@ -70,7 +33,6 @@ def main() -> None:
     line = sys.stdin.readline()
     if not line:
         return
-    restore_priority()
     os.environ.update(json.loads(line))
     glue = sys.modules.get("ft_plugins.torch")
     if glue is not None:
