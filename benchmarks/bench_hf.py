@@ -14,8 +14,13 @@
   dump   in one process: the dying gasp's writer (model, optimizer, scheduler, RNG files,
          trainer_state.json, then the manifest) against the Trainer's own ``_save_checkpoint`` of the
          same state (without the commit), fastest of ``--saves``.
+  instructions  (``--instructions S1,S2``, needs valgrind) the whole step as instructions executed, which
+         neither the machine's load nor its clock moves: one training process per run under callgrind,
+         S1 and S2 steps, with every feature and with none; a step's count is (I(S2) - I(S1)) / (S2 - S1),
+         so set-up cancels out (string hashing fixed, so that dictionaries are laid out alike). Four runs of
+         minutes each, two at a time.
 
-    python benchmarks/bench_hf.py [--steps 40] [--blocks 9] [--saves 5]
+    python benchmarks/bench_hf.py [--steps 40] [--blocks 9] [--saves 5] [--instructions 20,80]
 """
 
 from __future__ import annotations
@@ -23,11 +28,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD = r"""
@@ -36,7 +44,7 @@ import ft_plugins.torch
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments, set_seed
 mode, steps = sys.argv[1], int(sys.argv[2])
-if mode == "steps":
+if mode in ("steps", "count"):  # one intra-op thread (in count mode: no spinning pool threads)
     torch.set_num_threads(1)
 set_seed(7)
 data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 64, (512, 16)).unbind()]
@@ -64,6 +72,9 @@ def run(hooked):
     trainer.train()
     return trainer, median_step(clock.ends, 0), median_step(clock.ends, 1)
 
+if mode == "count":  # one run, FT_PLUGINS deciding what is on (instructions counted from outside)
+    run(True)
+    sys.exit(0)
 run(False), run(True)  # warm-up: first-call costs (imports, allocator) out of the blocks
 if mode == "steps":
     blocks = [[run(hooked)[1:] for hooked in (False, True, False)] for _ in range(int(sys.argv[3]))]
@@ -99,13 +110,39 @@ else:
 """
 
 
-def _child(features: str, *args: str) -> dict[str, float]:
+def _run_child(features: str, args: tuple[str, ...], prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("FT_PLUGINS")},
            "FT_PLUGINS": features, "FT_PLUGINS_MSTX_BACKEND": "noop", "PYTHONPATH": ROOT}
-    result = subprocess.run([sys.executable, "-c", CHILD, *args], env=env, capture_output=True, text=True)
+    result = subprocess.run([*prefix, sys.executable, "-c", CHILD, *args], env=env, capture_output=True, text=True)
     if result.returncode:
         sys.exit(result.stderr[-3000:])
-    return dict(json.loads(result.stdout.strip().splitlines()[-1]))
+    return result
+
+
+def _child(features: str, *args: str) -> dict[str, float]:
+    return dict(json.loads(_run_child(features, args).stdout.strip().splitlines()[-1]))
+
+
+def _instructions(features: str, steps: int) -> int:
+    """Instructions a whole training process of ``steps`` steps executes (callgrind's count)."""
+    result = _run_child(features, ("count", str(steps)), ("env", "PYTHONHASHSEED=0", "valgrind", "--tool=callgrind",
+                                                         "--callgrind-out-file=/dev/null"))
+    return int(re.search(r"Collected : (\d+)", result.stderr).group(1))
+
+
+def _instruction_ratio(spec: str) -> None:
+    if shutil.which("valgrind") is None:
+        print("instructions: valgrind is not installed (apt-get install valgrind)")
+        return
+    short, long = (int(value) for value in spec.split(","))
+    runs = [(features, steps) for features in ("mstx,resume,ttp", "none") for steps in (short, long)]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        counts = dict(zip(runs, pool.map(lambda run: _instructions(*run), runs)))
+    per_step = {features: (counts[(features, long)] - counts[(features, short)]) / (long - short)
+                for features in ("mstx,resume,ttp", "none")}
+    print(f"per step, instructions executed (callgrind, {short} and {long} steps, set-up cancelled): bare "
+          f"{per_step['none'] / 1e6:.2f} M, all features {per_step['mstx,resume,ttp'] / 1e6:.2f} M: ratio "
+          f"{per_step['mstx,resume,ttp'] / per_step['none']:.4f}")
 
 
 def main() -> None:
@@ -113,7 +150,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--blocks", type=int, default=9)
     parser.add_argument("--saves", type=int, default=5)
+    parser.add_argument("--instructions", metavar="S1,S2", help="also count instructions under valgrind")
     options = parser.parse_args()
+    if options.instructions:
+        _instruction_ratio(options.instructions)
     measured = _child("mstx,resume,ttp", "steps", str(options.steps), str(options.blocks))
     fastest_bare: dict[str, float] = {}
     for clock in ("wall", "cpu"):
