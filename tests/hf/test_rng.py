@@ -83,3 +83,53 @@ def test_a_taken_state_is_restored_in_every_generator() -> None:
     numpy.random.rand(5), torch.rand(5), random.random()
     rng.restore(taken)
     assert (numpy.random.rand(), torch.rand(1).item(), random.random()) == expected
+
+
+@pytest.fixture
+def python_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the full getter's calls made by a PythonState built after this fixture."""
+    calls: list[int] = []
+    original = random.getstate
+
+    def counted() -> tuple:
+        calls.append(1)
+        return original()
+
+    monkeypatch.setattr(random, "getstate", counted)
+    random.seed(11)
+    return calls
+
+
+def test_every_move_of_pythons_generator_is_seen(python_reads: list[int]) -> None:
+    take = rng.PythonState()
+    moves = [lambda: None, lambda: random.random(), lambda: random.gauss(0, 1),  # a Gaussian cached
+             lambda: random.gauss(0, 1),  # the cached one spent: the words do not move
+             lambda: [random.getrandbits(32) for _ in range(624)],  # a whole twist: the index comes back round
+             lambda: random.seed(11),
+             lambda: random.setstate((*random.Random(5).getstate()[:2], 0.25)),  # a resume with a cached Gaussian
+             lambda: random.gauss(0, 1)]
+    for move in moves:
+        move()
+        assert take() == random.getstate()
+
+
+def test_an_unmoved_python_generator_is_not_read_again(python_reads: list[int]) -> None:
+    take = rng.PythonState()
+    assert take._address is not None, "this Python's layout is not the one read: every snapshot builds 625 integers"
+    first = take()
+    reads = len(python_reads)
+    for _ in range(5):
+        numpy.random.rand()  # numpy's generator is not Python's
+        assert take() is first
+    assert len(python_reads) == reads
+    random.random()
+    assert take() is not first and len(python_reads) == reads + 1
+
+
+def test_another_python_layout_gets_the_full_getter(monkeypatch: pytest.MonkeyPatch, python_reads: list[int]) -> None:
+    monkeypatch.setattr(rng, "_PY_OFFSET", rng._PY_OFFSET + 4)  # as if the words were laid out elsewhere
+    take = rng.PythonState()
+    assert take._address is None
+    reads = len(python_reads)
+    assert take() == random.getstate()
+    assert len(python_reads) == reads + 2

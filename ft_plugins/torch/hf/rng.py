@@ -6,7 +6,10 @@ the hooks together on a small step), while the global generator's raw state is 2
 interface reads in ~1 µs. :class:`NumpyState` runs the full getter only when those bytes changed, or when a
 cached Gaussian could have been spent since (numpy hands one out without drawing), so what it returns is what
 ``numpy.random.get_state()`` would return then. The one state it cannot see: ``set_state`` of the very same
-words with a cached Gaussian added, which only restoring a state taken earlier does.
+words with a cached Gaussian added, which only restoring a state taken earlier does. Python's
+``random.getstate`` builds 625 integers each time: :class:`PythonState` reads the module generator's C
+words (its index and 624 words, 2,500 bytes) and its cached Gaussian the same way, and the getter only when
+they changed. Each layout is checked once against its full getter; any other gets the full getter every time.
 """
 
 from __future__ import annotations
@@ -54,25 +57,61 @@ def _raw_address(numpy: Any) -> int | None:
     return address if ctypes.string_at(address, _RAW_SIZE) == expected else None
 
 
+_PY_OFFSET = object.__basicsize__  # CPython's PyObject_HEAD
+_PY_RAW_SIZE = struct.calcsize("i") + 4 * _WORDS  # _random's RandomObject: int index; uint32_t state[624]
+
+
+class PythonState:
+    """``random.getstate()``, read again only when the module's generator moved."""
+
+    def __init__(self) -> None:
+        import random
+
+        self._generator = random._inst
+        self._get = random.getstate
+        self._address = _python_address(self._generator)
+        self._raw = b""
+        self._state: tuple = ()
+
+    def __call__(self) -> tuple:
+        if self._address is None:
+            return self._get()
+        raw = ctypes.string_at(self._address, _PY_RAW_SIZE)
+        if raw != self._raw or not self._state or self._generator.gauss_next != self._state[2]:
+            self._state, self._raw = self._get(), raw
+        return self._state
+
+
+def _python_address(generator: Any) -> int | None:
+    """Where ``generator`` keeps its index and words, if they are laid out as read here."""
+    if type(generator).__basicsize__ < _PY_OFFSET + _PY_RAW_SIZE:
+        return None
+    _, internal, _ = generator.getstate()
+    if len(internal) != _WORDS + 1:
+        return None
+    expected = struct.pack("i", internal[-1]) + struct.pack(f"{_WORDS}I", *internal[:-1])
+    address = id(generator) + _PY_OFFSET
+    return address if ctypes.string_at(address, _PY_RAW_SIZE) == expected else None
+
+
 class RngState:
     """Takes every generator's state as ``Trainer._save_rng_state`` would write it."""
 
     def __init__(self) -> None:
-        self._numpy: NumpyState | None = None
+        self._readers: tuple[PythonState, NumpyState, list[Any]] | None = None
 
     def take(self) -> dict[str, Any]:
-        import random
-
         import torch
 
-        if self._numpy is None:
-            self._numpy = NumpyState()
-        state: dict[str, Any] = {"python": random.getstate(), "numpy": self._numpy(),
-                                 "cpu": torch.random.get_rng_state()}
-        for name in ("cuda", "npu"):
-            device = getattr(torch, name, None)
-            if device is not None and device.is_available():
-                state[name] = device.random.get_rng_state_all()
+        if self._readers is None:  # the devices a run trains on do not change during it
+            devices = [getattr(torch, name, None) for name in ("cuda", "npu")]
+            self._readers = (PythonState(), NumpyState(),
+                             [(name, device) for name, device in zip(("cuda", "npu"), devices)
+                              if device is not None and device.is_available()])
+        python, numpy, devices = self._readers
+        state: dict[str, Any] = {"python": python(), "numpy": numpy(), "cpu": torch.random.get_rng_state()}
+        for name, device in devices:
+            state[name] = device.random.get_rng_state_all()
         return state
 
 
