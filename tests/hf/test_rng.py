@@ -4,6 +4,7 @@ paying numpy's full getter when the generator did not move."""
 from __future__ import annotations
 
 import random
+from typing import Callable
 
 import numpy
 import pytest
@@ -48,14 +49,20 @@ def test_every_move_of_the_generator_is_seen(full_reads: list[int]) -> None:
 def test_an_unmoved_generator_is_not_read_again(full_reads: list[int]) -> None:
     take = rng.NumpyState()
     assert take._address is not None, "this numpy's layout is not the one read: every snapshot pays ~100 us"
+    _read_again_only_when_moved(take, full_reads, lambda: torch.rand(3), lambda: numpy.random.rand())
+
+
+def _read_again_only_when_moved(take: Callable[[], tuple], reads: list[int], other: Callable[[], object],
+                                own: Callable[[], object]) -> None:
+    """Another generator's draws leave ``take``'s answer as it was, without a full read; its own draw does not."""
     first = take()
-    reads = len(full_reads)
+    before = len(reads)
     for _ in range(5):
-        torch.rand(3)  # torch's generator is not numpy's
+        other()
         assert take() is first
-    assert len(full_reads) == reads
-    numpy.random.rand()
-    assert take() is not first and len(full_reads) == reads + 1
+    assert len(reads) == before
+    own()
+    assert take() is not first and len(reads) == before + 1
 
 
 def test_a_cached_gaussian_is_read_every_time(full_reads: list[int]) -> None:
@@ -116,14 +123,7 @@ def test_every_move_of_pythons_generator_is_seen(python_reads: list[int]) -> Non
 def test_an_unmoved_python_generator_is_not_read_again(python_reads: list[int]) -> None:
     take = rng.PythonState()
     assert take._address is not None, "this Python's layout is not the one read: every snapshot builds 625 integers"
-    first = take()
-    reads = len(python_reads)
-    for _ in range(5):
-        numpy.random.rand()  # numpy's generator is not Python's
-        assert take() is first
-    assert len(python_reads) == reads
-    random.random()
-    assert take() is not first and len(python_reads) == reads + 1
+    _read_again_only_when_moved(take, python_reads, lambda: numpy.random.rand(), lambda: random.random())
 
 
 def test_another_python_layout_gets_the_full_getter(monkeypatch: pytest.MonkeyPatch, python_reads: list[int]) -> None:

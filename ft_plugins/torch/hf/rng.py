@@ -16,31 +16,44 @@ from __future__ import annotations
 
 import ctypes
 import struct
-from typing import Any
+from typing import Any, Callable
 
 _WORDS = 624
 _RAW_SIZE = 4 * _WORDS + struct.calcsize("i")  # numpy's mt19937_state: uint32_t key[624]; int pos
 _HAS_GAUSS = 3  # ("MT19937", key, pos, has_gauss, cached_gaussian)
 
 
-class NumpyState:
-    """``numpy.random.get_state()``, read again only when the global generator's words changed."""
+class _Watched:
+    """A generator's full getter, called again only when its raw bytes changed or :meth:`_stale` says so."""
 
-    def __init__(self) -> None:
-        import numpy
-
-        self._get = numpy.random.get_state
-        self._address = _raw_address(numpy)
+    def __init__(self, get: Callable[[], tuple], address: int | None, size: int) -> None:
+        self._get, self._address, self._size = get, address, size
         self._raw = b""
         self._state: tuple = ()
 
     def __call__(self) -> tuple:
         if self._address is None:
             return self._get()
-        raw = ctypes.string_at(self._address, _RAW_SIZE)
-        if raw != self._raw or self._state[_HAS_GAUSS]:
+        raw = ctypes.string_at(self._address, self._size)
+        if raw != self._raw or not self._state or self._stale(self._state):
             self._state, self._raw = self._get(), raw
         return self._state
+
+    def _stale(self, state: tuple) -> bool:
+        return False
+
+
+class NumpyState(_Watched):
+    """``numpy.random.get_state()``, read again only when the global generator's words changed (or a cached
+    Gaussian could have been spent)."""
+
+    def __init__(self) -> None:
+        import numpy
+
+        super().__init__(numpy.random.get_state, _raw_address(numpy), _RAW_SIZE)
+
+    def _stale(self, state: tuple) -> bool:
+        return bool(state[_HAS_GAUSS])
 
 
 def _raw_address(numpy: Any) -> int | None:
@@ -61,25 +74,18 @@ _PY_OFFSET = object.__basicsize__  # CPython's PyObject_HEAD
 _PY_RAW_SIZE = struct.calcsize("i") + 4 * _WORDS  # _random's RandomObject: int index; uint32_t state[624]
 
 
-class PythonState:
-    """``random.getstate()``, read again only when the module's generator moved."""
+class PythonState(_Watched):
+    """``random.getstate()``, read again only when the module's generator moved (its words, or its cached
+    Gaussian)."""
 
     def __init__(self) -> None:
         import random
 
         self._generator = random._inst
-        self._get = random.getstate
-        self._address = _python_address(self._generator)
-        self._raw = b""
-        self._state: tuple = ()
+        super().__init__(random.getstate, _python_address(self._generator), _PY_RAW_SIZE)
 
-    def __call__(self) -> tuple:
-        if self._address is None:
-            return self._get()
-        raw = ctypes.string_at(self._address, _PY_RAW_SIZE)
-        if raw != self._raw or not self._state or self._generator.gauss_next != self._state[2]:
-            self._state, self._raw = self._get(), raw
-        return self._state
+    def _stale(self, state: tuple) -> bool:
+        return self._generator.gauss_next != state[2]
 
 
 def _python_address(generator: Any) -> int | None:
