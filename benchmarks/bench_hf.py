@@ -38,6 +38,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ALL = "mstx,resume,ttp"  # every feature that runs here
 CHILD = r"""
 import json, os, sys, tempfile, time
 import ft_plugins.torch
@@ -135,14 +136,14 @@ def _instruction_ratio(spec: str) -> None:
         print("instructions: valgrind is not installed (apt-get install valgrind)")
         return
     short, long = (int(value) for value in spec.split(","))
-    runs = [(features, steps) for features in ("mstx,resume,ttp", "none") for steps in (short, long)]
+    runs = [(features, steps) for features in (ALL, "none") for steps in (short, long)]
     with ThreadPoolExecutor(max_workers=2) as pool:
         counts = dict(zip(runs, pool.map(lambda run: _instructions(*run), runs)))
     per_step = {features: (counts[(features, long)] - counts[(features, short)]) / (long - short)
-                for features in ("mstx,resume,ttp", "none")}
+                for features in (ALL, "none")}
     print(f"per step, instructions executed (callgrind, {short} and {long} steps, set-up cancelled): bare "
-          f"{per_step['none'] / 1e6:.2f} M, all features {per_step['mstx,resume,ttp'] / 1e6:.2f} M: ratio "
-          f"{per_step['mstx,resume,ttp'] / per_step['none']:.4f}")
+          f"{per_step['none'] / 1e6:.2f} M, all features {per_step[ALL] / 1e6:.2f} M: ratio "
+          f"{per_step[ALL] / per_step['none']:.4f}")
 
 
 def main() -> None:
@@ -154,7 +155,7 @@ def main() -> None:
     options = parser.parse_args()
     if options.instructions:
         _instruction_ratio(options.instructions)
-    measured = _child("mstx,resume,ttp", "steps", str(options.steps), str(options.blocks))
+    measured = _child(ALL, "steps", str(options.steps), str(options.blocks))
     fastest_bare: dict[str, float] = {}
     for clock in ("wall", "cpu"):
         blocks = measured[clock]
@@ -169,7 +170,7 @@ def main() -> None:
               f"(range {min(ratios):.4f}-{max(ratios):.4f}), fastest on / fastest off {fastest:.4f}; A/A off/off: "
               f"median {statistics.median(floor):.4f} (range {min(floor):.4f}-{max(floor):.4f})")
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    timed = _child("mstx,resume,ttp", "dump", "4", str(options.saves))
+    timed = _child(ALL, "dump", "4", str(options.saves))
     print(f"the hooks' own work per optimizer step (step events with the step range and the step tracker's RNG "
           f"snapshot, the update bracket), in-process: {timed['hooks_us']:.1f} us = "
           f"{timed['hooks_us'] / 10 / fastest_bare['wall']:.3f} % of the fastest bare step")

@@ -88,7 +88,8 @@ def main() -> None:
     cost = {name: statistics.median(faulted[name]) - statistics.median(clean[name]) for name in configurations}
     print(f"\nuninterrupted runs (median of {options.rounds}): " +
           ", ".join(f"{name} {statistics.median(values):.1f} s" for name, values in clean.items()))
-    print(f"keeping one warm spare, no fault: {statistics.median(clean['spare']) - statistics.median(clean['in place']):+.1f} s")
+    keeping = statistics.median(clean["spare"]) - statistics.median(clean["in place"])
+    print(f"keeping one warm spare, no fault: {keeping:+.1f} s")
     for name, value in cost.items():
         print(f"a lost rank costs {value:6.1f} s {name}")
     for name in ("in place", "spare"):

@@ -110,10 +110,9 @@ class RngState:
         import torch
 
         if self._readers is None:  # the devices a run trains on do not change during it
-            devices = [getattr(torch, name, None) for name in ("cuda", "npu")]
-            self._readers = (PythonState(), NumpyState(),
-                             [(name, device) for name, device in zip(("cuda", "npu"), devices)
-                              if device is not None and device.is_available()])
+            devices = [(name, getattr(torch, name, None)) for name in ("cuda", "npu")]
+            present = [(name, device) for name, device in devices if device is not None and device.is_available()]
+            self._readers = (PythonState(), NumpyState(), present)
         python, numpy, devices = self._readers
         state: dict[str, Any] = {"python": python(), "numpy": numpy(), "cpu": torch.random.get_rng_state()}
         for name, device in devices:
