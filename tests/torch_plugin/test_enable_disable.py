@@ -63,7 +63,8 @@ def test_a_reconfiguration_makes_one_pass_over_the_modules_globals(ft_torch, mon
     ft_torch.enable("taskd,mstx")
     passes: list[int] = []
     scan = patching._scan
-    monkeypatch.setattr(patching, "_scan", lambda replacements: (passes.append(len(replacements)), scan(replacements)))
+    monkeypatch.setattr(patching, "_scan", lambda replacements, imported=None: (passes.append(len(replacements)),
+                                                                                 scan(replacements, imported)))
     ft_torch.enable("taskd,mstx")
     assert len(passes) == 1, passes
     for before, after in zip(originals, _current()):
