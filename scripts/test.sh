@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 FAST=(
   tests/core tests/test_packaging.py
   tests/checkpoint/test_core.py tests/checkpoint/test_hostile.py tests/checkpoint/test_fuzz.py
-  tests/ttp/test_dump.py tests/ttp/test_engine_choice.py tests/hf/test_rng.py
+  tests/ttp/test_dump.py tests/ttp/test_engine_choice.py tests/ttp/test_regroup.py tests/hf/test_rng.py
   tests/torch_plugin/test_enable_disable.py
   tests/launch/test_k8s.py tests/launch/test_k8s_fuzz.py tests/launch/test_doctor.py tests/launch/test_manager_env.py
   tests/launch/test_spares.py

@@ -56,7 +56,9 @@ def attempt(wrapped: Callable[..., Any], args: tuple, kwargs: dict,
     (not raised in a collective, i.e. under a ``distributed`` package: torch's, megatron's): the exception,
     its traceback and the frames' pending work are released before anybody waits. A peer lost (not our own
     exception): ``lost()`` first, at once (shutting this rank's connections down, so that peers whose
-    collectives never reach the lost rank fail now, not after the collection: 0.4 s with megatron imported)."""
+    collectives never reach the lost rank fail now, not after the collection: 0.4 s with megatron imported). The
+    collection is of the young generations, where the failed step's cycles are (~1 ms; what an older one
+    still holds of the dead groups is collected when they are destroyed: :mod:`.regroup`)."""
     try:
         return wrapped(*args, **kwargs), None, False
     except Exception as exc:
@@ -66,7 +68,7 @@ def attempt(wrapped: Callable[..., Any], args: tuple, kwargs: dict,
         traceback.clear_frames(exc.__traceback__)
         if not own:
             lost()
-    gc.collect()
+    gc.collect(1)
     return None, reason, own
 
 

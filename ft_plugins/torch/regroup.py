@@ -139,6 +139,7 @@ class Regroup:
         0.7 s of the repair's critical path with megatron imported."""
         real = not self.holding()
         old = named_groups()
+        links = self.sockets
         self._destroy()
         self._build(rank, world, backend, store)
         current = named_groups()
@@ -146,7 +147,7 @@ class Regroup:
         stale = repoint(roots, successors, {id(group) for group in current.values()})
         del old, successors
         if real:
-            gc.collect()
+            _release(links)
         return stale
 
     def _destroy(self) -> None:
@@ -196,6 +197,16 @@ def _sockets() -> set[str]:
         if link.startswith("socket:"):
             found.add(link)
     return found
+
+
+def _release(links: set[str]) -> None:
+    """Collect what still holds the dead groups' connections: the young generations first (what the failed
+    step left in cycles, ~1 ms), every generation only if one of ``links`` is still open then. A full
+    collection traverses every object torch and megatron made (0.2 s per rank with 400,000), and on the
+    survivors it ran while the replacement, on the same cores, set itself up."""
+    gc.collect(1)
+    if links & _sockets():
+        gc.collect()
 
 
 def _shut_down(links: set[str]) -> None:
