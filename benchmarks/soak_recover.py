@@ -21,6 +21,7 @@ from pathlib import Path
 from bench_recover import EXAMPLE, ROOT, TORCHRUN, free_port
 
 REPAIRED = re.compile(r"rank 0 repaired generation (\d+)")
+TAKER = re.compile(r"recover: rank \d+ exited with code -?\d+; (warm spare|replacement) pid")
 
 
 def _rank_zero(marker: str) -> int | None:
@@ -58,12 +59,16 @@ def main() -> None:
     env.update(FT_PLUGINS="ttp,recover", FT_PLUGINS_INJECT_FAULT=faults, FT_PLUGINS_RECOVER_SPARES=str(options.spares),
                SOAK_MARKER=marker.partition("=")[2])
     samples: list[tuple[int, int, int]] = []
+    takers = {"warm spare": 0, "replacement": 0}
     with tempfile.TemporaryDirectory() as tmp:
         command = [sys.executable, "-m", "ft_plugins.cli", "run", "--", TORCHRUN, "--nproc-per-node", "4",
                    "--master-port", str(free_port()), str(EXAMPLE), "--micro-batch-size", "1", "--global-batch-size", "4",
                    "--train-iters", str(steps), "--save", str(Path(tmp, "ckpt")), "--save-interval", str(10 * steps)]
         job = subprocess.Popen(command, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in job.stdout:
+            taker = TAKER.search(line)
+            if taker:
+                takers[taker.group(1)] += 1
             found = REPAIRED.search(line)
             pid = _rank_zero(marker) if found else None
             if pid is not None:
@@ -75,7 +80,8 @@ def main() -> None:
         raise SystemExit(f"the job ended with {code} after {len(samples)} repairs")
     (fds0, threads0, rss0), (fds1, threads1, rss1) = samples[0], samples[-1]
     print(f"\nover {len(samples)} repairs, first to last: fds {fds1 - fds0:+d}, threads {threads1 - threads0:+d}, "
-          f"RSS {(rss1 - rss0) / 1024:+.1f} MiB ({rss1 / rss0:.3f}x)")
+          f"RSS {(rss1 - rss0) / 1024:+.1f} MiB ({rss1 / rss0:.3f}x); taken over by a warm spare "
+          f"{takers['warm spare']} times, by a fresh process {takers['replacement']}")
 
 
 if __name__ == "__main__":

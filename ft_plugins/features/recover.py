@@ -36,8 +36,8 @@ class Recover(Feature):
     options = (
         Option("timeout", DEFAULT_TIMEOUT, "seconds the survivors wait for a replacement to join before the dump",
                _seconds),
-        Option("spares", 0, "processes per node started ahead (interpreter, torch and megatron imported) that take "
-               "over a lost rank; 0: a fresh process is started", _count),
+        Option("spares", 0, "processes per node kept waiting (forked from a template with torch and megatron "
+               "imported) that take over a lost rank; 0: a fresh process is started", _count),
     )
 
     def start(self) -> str:

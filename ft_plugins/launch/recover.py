@@ -7,7 +7,9 @@ monitoring round: a worker that exited with an error is replaced by a new proces
 announced on the agent's store (:mod:`ft_plugins.recovery`), and the other workers are never
 signalled. torchrun's own handling runs instead, which ends in ``ttp``'s dump and a whole-job restart,
 when recovery cannot work: the store is not the agent's, a second worker fails before the current
-repair is done, or a generation was abandoned. Each of these is said in one line.
+repair is done, or a generation was abandoned. Each of these is said in one line. With warm spares
+(:class:`Spares`) the new process is one the spare template (:mod:`.spare`) forked ahead, torch and
+megatron imported; torchrun holds it through :class:`Forked`, as it holds a ``Popen``.
 """
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
+import time
 from datetime import timedelta
 from typing import Any, Callable
 
 from ft_plugins.config import RECOVERY_VAR
+from ft_plugins.launch.spare import EXIT, READY, TOOK
 from ft_plugins.recovery import key, namespace, replacement_value
 
 log = logging.getLogger("ft_plugins.recover")
@@ -26,48 +31,145 @@ log = logging.getLogger("ft_plugins.recover")
 AGENT = "torch.distributed.elastic.agent.server.local_elastic_agent"
 STORE_TIMEOUT = timedelta(seconds=30)
 PLACE = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK")
+ANSWER = 10.0  # seconds the spare template may take to hand a request to a spare (it takes milliseconds)
+WAIT_POLL = 0.05  # seconds between looks at a forked worker's end while torchrun waits for it
 
 
 class Spares:
-    """``count`` warm spares (:mod:`ft_plugins.launch.spare`) kept started beside the local workers."""
+    """The template of ``count`` warm spares (:mod:`ft_plugins.launch.spare`), kept started beside the local
+    workers: a lost rank is taken over by a spare it forked, and it forks another in its place."""
 
     def __init__(self, count: int) -> None:
         self.count = count
-        self.waiting: list[Any] = []  # Popen objects, oldest first
+        self.template: Any = None  # Popen
+        self.ready = False  # the template imported and forked its spares
+        self.ended = False  # its output ended: it is gone
+        self.took: list[int] = []  # pids it answered a request with, not yet handed out
+        self.exits: dict[int, int] = {}  # pid of a taken spare -> exit code, as the template reported
+        self._pending = b""
 
     def refill(self, context: Any) -> None:
+        """Start the template unless one runs."""
+        self._read(0)
+        if not self.count or (self.template is not None and not self.ended):
+            return
         import subprocess
 
-        while len(self.waiting) < self.count:
-            args = [arg for arg in context.args[0] if arg != "-u"]
-            self.waiting.append(subprocess.Popen([context.entrypoint, "-u", "-m", "ft_plugins.launch.spare", *args],
-                                                 env=_unplaced({**os.environ, **context.envs[0]}), stdin=subprocess.PIPE,
-                                                 stdout=subprocess.PIPE, text=True, start_new_session=True))
+        args = [arg for arg in context.args[0] if arg != "-u"]
+        self.template = subprocess.Popen([context.entrypoint, "-u", "-m", "ft_plugins.launch.spare", str(self.count),
+                                          *args], env=_unplaced({**os.environ, **context.envs[0]}),
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+        self.ready = self.ended = False
+        self.took, self._pending = [], b""
 
     def take(self, env: dict[str, str], local_rank: int) -> Any:
         """A ready spare made into the worker of ``env`` (a handler torchrun's context can hold), or None."""
-        import select
-
         from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
-        for spare in list(self.waiting):
-            if spare.poll() is not None:
-                self.waiting.remove(spare)
-                continue
-            if not select.select([spare.stdout], [], [], 0)[0] or not spare.stdout.readline():
-                continue  # still importing
-            self.waiting.remove(spare)
-            spare.stdin.write(json.dumps(env) + "\n")
-            spare.stdin.flush()
-            handler = SubprocessHandler.__new__(SubprocessHandler)
-            handler.proc, handler._stdout, handler._stderr, handler.local_rank_id = spare, None, None, local_rank
-            return handler
+        self._read(0)
+        if self.template is None or not self.ready or self.ended:
+            return None  # none, still importing, or gone
+        try:
+            self.template.stdin.write(json.dumps(env).encode() + b"\n")
+            self.template.stdin.flush()
+        except OSError:
+            return None
+        deadline = time.monotonic() + ANSWER
+        while not self.took and not self.ended and time.monotonic() < deadline:
+            self._read(deadline - time.monotonic())
+        if not self.took:
+            log.warning("recover: the spare template did not answer within %.0f s", ANSWER)
+            return None
+        handler = SubprocessHandler.__new__(SubprocessHandler)
+        handler.proc, handler._stdout, handler._stderr, handler.local_rank_id = (Forked(self.took.pop(0), self), None,
+                                                                                 None, local_rank)
+        return handler
+
+    def exit_code(self, pid: int, ended: bool) -> int | None:
+        """A taken spare's exit code once the template reported it; ``ended``: the process is gone (if the
+        template is gone too, no report will come: counted as a failure)."""
+        self._read(0)
+        if pid in self.exits:
+            return self.exits.pop(pid)
+        if ended and self.ended:
+            log.warning("recover: pid %d ended after its spare template; its exit code is unknown: a failure", pid)
+            return 1
         return None
 
     def stop(self) -> None:
-        for spare in self.waiting:
-            spare.kill()
-        self.waiting.clear()
+        """End of the template's input: it stops its waiting spares and reports the taken ones until they end."""
+        if self.template is not None and not self.template.stdin.closed:
+            try:
+                self.template.stdin.close()
+            except OSError:
+                pass
+
+    def _read(self, timeout: float) -> None:
+        if self.template is None or self.ended:
+            return
+        import select
+
+        output = self.template.stdout.fileno()
+        while select.select([output], [], [], max(timeout, 0))[0]:
+            chunk = os.read(output, 65536)
+            if not chunk:
+                self.ended = True
+                return
+            *lines, self._pending = (self._pending + chunk).split(b"\n")
+            for line in lines:
+                word, *numbers = line.decode().split()
+                if word == READY:
+                    self.ready = True
+                elif word == TOOK:
+                    self.took.append(int(numbers[0]))
+                elif word == EXIT:
+                    self.exits[int(numbers[0])] = int(numbers[1])
+            timeout = 0
+
+
+class Forked:
+    """What torchrun uses of a worker's ``Popen``, for a spare the template forked: the template's child, so
+    its end is learnt from the template's report (or, the template gone, from a pidfd)."""
+
+    def __init__(self, pid: int, spares: Spares) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._spares = spares
+        try:
+            self._pidfd: int | None = os.pidfd_open(pid)
+        except ProcessLookupError:  # it ended already: the template's report says how
+            self._pidfd = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            import select
+
+            ended = self._pidfd is None or bool(select.select([self._pidfd], [], [], 0)[0])
+            self.returncode = self._spares.exit_code(self.pid, ended)
+            if self.returncode is not None and self._pidfd is not None:
+                os.close(self._pidfd)
+                self._pidfd = None
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        import subprocess
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
+            time.sleep(WAIT_POLL)
+        return self.returncode  # type: ignore[return-value]
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
 
 
 class Supervisor:
@@ -136,8 +238,9 @@ class Supervisor:
                     "running", rank, code, handler.proc.pid, self.generation)
 
     def _settled(self, worker_group: Any) -> bool:
-        """No recovery under way: a spare started during one would take the CPU from the replacement's set-up
-        (on a 2-core machine it delayed the repair by seconds)."""
+        """No recovery under way: a spare template started during one (the first, or one after its predecessor
+        died) would take the CPU from the replacement's set-up (on a 2-core machine it delayed the repair by
+        seconds); its forks after a take-over cost nothing comparable."""
         if self.settled == self.generation:
             return True
         try:

@@ -1,25 +1,151 @@
-"""A warm spare of ``recover`` (``FT_PLUGINS_RECOVER_SPARES``): a process started ahead of any fault with the
-interpreter up and torch and megatron imported, waiting to take over a lost rank.
+"""Warm spares of ``recover`` (``FT_PLUGINS_RECOVER_SPARES=N``): processes with the interpreter up and torch
+and megatron imported, waiting to take over a lost rank.
 
-    python -u -m ft_plugins.launch.spare SCRIPT ARGS...
+    python -u -m ft_plugins.launch.spare N SCRIPT ARGS...
 
-The launcher (:mod:`ft_plugins.launch.recover`) starts it with a worker's environment and its command;
-once imported it says so on its standard output (one line; its output goes to standard error after
-that), then waits for one line on its standard
-input: the lost worker's environment as JSON. It takes that environment, turns ft_plugins on again
-with it and runs ``SCRIPT`` as the lost worker would have. End of input (the launcher gone): it exits.
+The launcher (:mod:`ft_plugins.launch.recover`) starts one such process per node, the template, with a
+worker's environment and command. Once imported, the template forks ``N`` spares and says ``ready`` on its
+standard output (its own output goes to standard error after that). Each line on its standard input is a
+lost worker's environment as JSON: the oldest waiting spare takes it (ft_plugins turned on again with
+that environment, ``SCRIPT`` run as the lost worker would have; each spare has a process group of its
+own) and the template answers ``took PID``, then forks a spare in its place. A fork of the imported template costs ~10 ms;
+starting a spare anew cost 2-3 CPU seconds of imports, taken from the ranks training on the same cores.
+A taken spare is the template's child, not the launcher's: the template reports its end as
+``exit PID CODE``. End of input, or the template killed: the waiting spares exit.
+
+What the imports made is moved out of the collector's reach (``gc.freeze``) before the forks: the
+400,000 objects of torch and megatron stay for the process's life, every full collection of a take-over
+(megatron's argument parsing triggers them) read them all (0.2 s each), and a collection in a spare
+would write to every page it shares with the template.
 """
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import os
 import runpy
+import select
+import signal
 import sys
+from typing import Iterator
 
-READY = "ft_plugins spare ready"
+READY, TOOK, EXIT = "ready", "took", "exit"  # the template's answers
 PRELOADED = ("torch", "torch.distributed", "megatron.training")
+STDIN = 0
+
+
+class Template:
+    """The forking side: ``count`` spares kept waiting, each taking the next environment read."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.waiting: list[tuple[int, int]] = []  # (pid, write end of the pipe it reads its environment from)
+        self.taken: dict[int, int] = {}  # pidfd -> pid of a spare that took over a rank
+        self.answers = os.dup(sys.stdout.fileno())  # the launcher's pipe; fd 1 becomes the console
+        os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+
+    def serve(self) -> dict[str, str] | None:
+        """Runs until end of input and the end of every taken spare (returns None); in a spare that took
+        over, returns the environment it took."""
+        if (environment := self._refill()) is not None:
+            return environment
+        self._say(READY)
+        for line in self._requests():
+            while True:  # a spare that died waiting (its pipe broken) is passed over
+                pid, pipe = self.waiting.pop(0)
+                try:
+                    os.write(pipe, line)
+                    break
+                except BrokenPipeError:
+                    os.waitpid(pid, 0)
+                    if (environment := self._refill()) is not None:
+                        return environment
+                finally:
+                    os.close(pipe)
+            self.taken[os.pidfd_open(pid)] = pid
+            self._say(f"{TOOK} {pid}")
+            if (environment := self._refill()) is not None:
+                return environment
+        return None
+
+    def _requests(self) -> Iterator[bytes]:
+        """Lines of standard input; meanwhile each taken spare's end is reported. At end of input the waiting
+        spares are stopped; it returns once no taken one is left."""
+        pending, reading = b"", True
+        while reading or self.taken:
+            ready = select.select([*self.taken, *([STDIN] if reading else [])], [], [])[0]
+            for pidfd in (fd for fd in ready if fd in self.taken):
+                pid = self.taken.pop(pidfd)
+                os.close(pidfd)
+                self._say(f"{EXIT} {pid} {os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])}")
+            if STDIN not in ready:
+                continue
+            chunk = os.read(STDIN, 65536)
+            if not chunk:
+                reading = False
+                for pid, pipe in self.waiting:
+                    os.kill(pid, signal.SIGKILL)
+                    os.close(pipe)
+                    os.waitpid(pid, 0)
+                self.waiting.clear()
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                yield line + b"\n"
+
+    def _refill(self) -> dict[str, str] | None:
+        while len(self.waiting) < self.count:
+            if (environment := self._fork()) is not None:
+                return environment
+        return None
+
+    def _fork(self) -> dict[str, str] | None:
+        """Fork a waiting spare (None in the template); in it, block until an environment comes."""
+        readable, writable = os.pipe()
+        pid = os.fork()
+        if pid:
+            os.close(readable)
+            _own_group(pid)  # here too, so that it is so before the launcher learns the pid
+            self.waiting.append((pid, writable))
+            return None
+        _own_group(0)
+        os.close(writable)
+        for fd in (self.answers, *self.taken, *(pipe for _, pipe in self.waiting)):
+            os.close(fd)  # the template's: a spare holding another's pipe would keep it from seeing the end
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, STDIN)  # the launcher's requests are the template's to read
+        os.close(devnull)
+        with os.fdopen(readable, "rb") as pipe:
+            line = pipe.readline()
+        if not line:
+            os._exit(0)  # the template ended: nothing to take over
+        return json.loads(line)
+
+    def _say(self, line: str) -> None:
+        try:
+            os.write(self.answers, f"{line}\n".encode())
+        except BrokenPipeError:  # the launcher is gone: its workers end with it
+            pass
+
+
+def _own_group(pid: int) -> None:
+    """A process group of its own for a spare, which torchrun signals whole (``killpg``) as it does a worker it
+    started in a session of its own."""
+    try:
+        os.setpgid(pid, 0)
+    except ProcessLookupError:  # it died already: the template learns so when it hands it a request
+        pass
+
+
+def take_over(environment: dict[str, str], argv: list[str]) -> None:
+    """Become the lost worker: its environment, ft_plugins' hooks configured by it, its script."""
+    os.environ.update(environment)
+    glue = sys.modules.get("ft_plugins.torch")
+    if glue is not None:
+        glue.enable()  # the lost worker's configuration and place in the recovery; its lines name that rank
+    sys.argv = argv
+    runpy.run_path(argv[0], run_name="__main__")
 
 
 def main() -> None:
@@ -28,17 +154,10 @@ def main() -> None:
             importlib.import_module(module)
         except ImportError:
             pass
-    print(READY, flush=True)
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # standard output was the readiness pipe; from now on the console
-    line = sys.stdin.readline()
-    if not line:
-        return
-    os.environ.update(json.loads(line))
-    glue = sys.modules.get("ft_plugins.torch")
-    if glue is not None:
-        glue.enable()  # the lost worker's configuration and place in the recovery; its lines name that rank
-    sys.argv = sys.argv[1:]
-    runpy.run_path(sys.argv[0], run_name="__main__")
+    gc.freeze()  # what the imports made lives as long as the process: no collection reads it again
+    environment = Template(int(sys.argv[1])).serve()
+    if environment is not None:
+        take_over(environment, sys.argv[2:])
 
 
 if __name__ == "__main__":

@@ -1,13 +1,34 @@
-"""When the launcher starts a new warm spare: never while a recovery is under way (its imports would take the
-CPU from the replacement's set-up), at once when none is."""
+"""Warm spares: when the launcher starts their template (never while a recovery is under way: its imports would
+take the CPU from the replacement's set-up), and the template itself, without torch's imports (``PRELOADED``
+emptied): it forks its spares, hands each request to one (which runs the script as the lost worker, in a
+session of its own, with what the imports made frozen), forks another in its place and reports each taken
+one's end; the launcher's handle of a forked worker learns that end as torchrun asks for it."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from ft_plugins.launch.recover import Supervisor
+import pytest
+
+from ft_plugins.launch.recover import Spares, Supervisor
 from ft_plugins.recovery import key
+
+WORKER = """import gc, json, os, sys, time
+print(json.dumps({"frozen": gc.get_freeze_count(), "rank": os.environ["RANK"], "argv": sys.argv, "pid": os.getpid(),
+                  "group": os.getpgid(0), "stdin": sys.stdin.read()}), flush=True)
+time.sleep(float(os.environ.get("HOLD", "0")))
+sys.exit(int(os.environ.get("CODE", "0")))
+"""
+# the template as the launcher starts it (`ENTRYPOINT -u -m ft_plugins.launch.spare N SCRIPT ARGS`), torch not imported
+TEMPLATE = ("import sys, ft_plugins.launch.spare as spare; spare.PRELOADED = ('json', 'decimal'); spare.main()")
 
 
 class Store:
@@ -26,7 +47,7 @@ class Store:
         return self.counters[name]
 
 
-class Spares:
+class CountingSpares:
     def __init__(self) -> None:
         self.refills = 0
 
@@ -51,7 +72,7 @@ def _round(supervisor: Supervisor) -> int:
 
 def test_a_spare_is_started_only_once_the_recovery_is_done() -> None:
     supervisor = Supervisor()
-    supervisor.spares = Spares()  # type: ignore[assignment]
+    supervisor.spares = CountingSpares()  # type: ignore[assignment]
     assert _round(supervisor) == 1  # no recovery yet
     supervisor.generation, supervisor.store = 1, Store(**{key(1, "done"): 3})
     assert _round(supervisor) == 0  # 3 of 4 ranks repaired: the replacement is still setting up
@@ -62,3 +83,103 @@ def test_a_spare_is_started_only_once_the_recovery_is_done() -> None:
     supervisor.generation = 2
     supervisor.store.fails = True  # the store host gone: the next failure says so; the spare costs nothing
     assert _round(supervisor) == 1
+
+
+
+@pytest.fixture
+def worker(tmp_path: Path) -> Path:
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    return script
+
+
+def _answer(template: subprocess.Popen) -> list[str]:
+    return template.stdout.readline().decode().split()
+
+
+def test_the_template_hands_each_request_to_a_forked_spare_and_reports_its_end(worker: Path) -> None:
+    template = subprocess.Popen([sys.executable, "-c", TEMPLATE, "2", str(worker), "--x"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert _answer(template) == ["ready"]
+        pids = []
+        for rank, code in (("3", "0"), ("1", "7")):
+            template.stdin.write(json.dumps({"RANK": rank, "CODE": code}).encode() + b"\n")
+            template.stdin.flush()
+            word, pid = _answer(template)
+            assert word == "took"
+            assert _answer(template) == ["exit", pid, code]
+            pids.append(int(pid))
+        template.stdin.close()  # the launcher stopped: the waiting spares go, the template ends
+        assert template.wait(timeout=30) == 0
+        errors = template.stderr.read().decode()
+    finally:
+        template.kill()
+    seen = [json.loads(line) for line in errors.splitlines() if line.startswith("{")]
+    assert [one["rank"] for one in seen] == ["3", "1"] and [one["pid"] for one in seen] == pids
+    for one in seen:
+        assert one["argv"] == [str(worker), "--x"] and one["stdin"] == ""  # the requests are not a worker's input
+        assert one["group"] == one["pid"]  # a process group of its own, which torchrun signals whole
+        assert one["frozen"] > 1000  # the interpreter's and the preloaded modules' objects
+    assert _spares_of(worker) == [], "the waiting spares were stopped"
+
+
+def _spares_of(worker: Path) -> list[int]:
+    """Live processes running the template's command line (its spares)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        if str(worker).encode() in command and state != "Z":
+            found.append(int(pid))
+    return found
+
+
+@pytest.fixture
+def launcher(tmp_path: Path, worker: Path) -> Any:
+    """The launcher's side (:class:`Spares`) with a torchrun-like context whose entrypoint runs the template
+    without torch's imports."""
+    entrypoint = tmp_path / "python"
+    entrypoint.write_text(f"#!/bin/sh\nshift 3\nexec {sys.executable} -c \"{TEMPLATE}\" \"$@\"\n")
+    entrypoint.chmod(0o755)
+    context = SimpleNamespace(entrypoint=str(entrypoint), args={0: (str(worker),)}, envs={0: {"RANK": "0"}})
+    spares = Spares(1)
+    spares.refill(context)
+    deadline = time.monotonic() + 60
+    while not spares.ready and time.monotonic() < deadline:
+        spares._read(0.1)
+    assert spares.ready
+    yield spares
+    spares.stop()
+    spares.template.wait(timeout=30)
+
+
+def test_the_launcher_learns_a_forked_workers_end_as_torchrun_asks(launcher: Spares) -> None:
+    first = launcher.take({"RANK": "2", "HOLD": "60"}, 2)
+    assert first.local_rank_id == 2 and first.proc.poll() is None  # running
+    with pytest.raises(subprocess.TimeoutExpired):
+        first.proc.wait(timeout=0.2)
+    first.close(signal.SIGTERM)  # torchrun's close: its process group
+    assert first.proc.wait(timeout=30) == -signal.SIGTERM
+    second = launcher.take({"RANK": "2", "CODE": "5"}, 2)  # the spare forked in the first one's place
+    assert second.proc.pid != first.proc.pid
+    assert second.proc.wait(timeout=30) == 5 and second.proc.poll() == 5
+    launcher.stop()
+    assert launcher.template.wait(timeout=30) == 0
+
+
+def test_a_template_gone_leaves_its_workers_end_known_as_a_failure(launcher: Spares) -> None:
+    worker = launcher.take({"RANK": "2", "HOLD": "60"}, 2)
+    launcher.template.kill()
+    launcher.template.wait(timeout=30)
+    assert worker.proc.poll() is None  # still training
+    deadline = time.monotonic() + 30
+    while _spares_of(Path(launcher.template.args[-1])) != [worker.proc.pid] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _spares_of(Path(launcher.template.args[-1])) == [worker.proc.pid], "the waiting spare saw the end"
+    worker.close(signal.SIGKILL)
+    assert worker.proc.wait(timeout=30) == 1  # its code went with the template: a failure, said in a line
+    assert launcher.take({"RANK": "2"}, 2) is None  # no template: a fresh process takes over
