@@ -87,6 +87,9 @@ def boot() -> Role:
         hooks.prepare_launcher(role.name)
     elif role.active:
         from ft_plugins.patching import when_imported
+        from ft_plugins.recovery import defer_collection
+
+        defer_collection(os.environ)
 
         for framework, glue in FRAMEWORK_GLUE.items():
             when_imported(framework, lambda _module, glue=glue: _activate(glue))

@@ -43,8 +43,8 @@ from ft_plugins import faults
 from ft_plugins.features.recover import Recover
 from ft_plugins.patching import Patch
 from ft_plugins.rank import global_rank, is_rank_zero
-from ft_plugins.recovery import (LOG, SAVE as SAVING, STEP, Standing, key, namespace, plan, replacement, resumption,
-                                 supervised)
+from ft_plugins.recovery import (LOG, SAVE as SAVING, STEP, Standing, key, namespace, plan, replacement,
+                                 resume_collection, resumption, supervised)
 from ft_plugins.steps import FORWARD, IDLE, UPDATED
 from ft_plugins.torch import loop
 from ft_plugins.torch.handover import (Batches, apply, instance_place, receive, send, set_rng, state_at,
@@ -254,6 +254,9 @@ class MegatronRecovery:
         except Exception as exc:
             self._fall_back(generation, str(exc) if isinstance(exc, Fallback) else f"{type(exc).__name__}: {exc}")
             raise  # not reached
+        if mine is None:
+            resume_collection(keep_disabled=bool(getattr(megatron("training.global_vars").get_args(), "manual_gc",
+                                                         False)))
         if rank == min(groups[0]) or mine is None:
             self.feature.recoveries.append(f"generation {generation}: step {decided.step}")
             log.warning("recover: rank %d %s generation %d in %.2f s: every rank stands at step %d, training "

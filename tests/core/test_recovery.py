@@ -65,3 +65,40 @@ def test_a_fault_fires_in_its_life_only_so_a_replacement_does_not_fire_it_again(
     assert planned(1, env) == (Fault(1, 2, "kill"),)
     assert planned(1, {**env, "FT_PLUGINS_RECOVERY": "1,1"}) == (Fault(1, 0, "hang", "join", 0, 1),)
     assert str(parse_faults("rank=1,step=0,kind=hang,at=join,life=1")[0]) == "rank=1,step=0,kind=hang,at=join,attempt=0,life=1"
+
+
+SCRIPT = """
+import gc, json, os, sys
+os.environ.update(json.loads(sys.argv[1]))
+from ft_plugins.launch import roles
+from ft_plugins.recovery import resume_collection
+roles.boot()
+seen = [gc.isenabled()]
+cycle = []
+cycle.append(cycle)  # made before the join: frozen with the rest
+resume_collection(keep_disabled=sys.argv[2] == "manual")
+print(json.dumps(seen + [gc.isenabled(), gc.get_freeze_count() > 0]))
+"""
+
+
+def _collector(env: dict[str, str], manual: bool = False) -> list[bool]:
+    """The collector in a worker booted by ``ft-plugins run``'s bootstrap: on at boot, on after the join,
+    what was made before the join frozen."""
+    import json
+    import subprocess
+    import sys
+
+    base = {"TORCHELASTIC_RUN_ID": "job"}
+    result = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps({**base, **env}), "manual" if manual else ""],
+                            capture_output=True, text=True, check=True)
+    return json.loads(result.stdout)
+
+
+def test_a_replacement_collects_nothing_until_it_joined_then_freezes_what_it_made() -> None:
+    assert _collector({"FT_PLUGINS_RECOVERY": "1,1"}) == [False, True, True]
+    assert _collector({"FT_PLUGINS_RECOVERY": "1,1"}, manual=True) == [False, False, True]  # --manual-gc: kept off
+
+
+def test_workers_started_with_the_job_collect_as_usual() -> None:
+    assert _collector({"FT_PLUGINS_RECOVERY": "0,0"}) == [True, True, False]
+    assert _collector({}) == [True, True, False]
