@@ -77,8 +77,10 @@ class Spares:
         deadline = time.monotonic() + ANSWER
         while not self.took and not self.ended and time.monotonic() < deadline:
             self._read(deadline - time.monotonic())
-        if not self.took:
-            log.warning("recover: the spare template did not answer within %.0f s", ANSWER)
+        if not self.took:  # wedged: a late answer would name a spare for a rank a fresh process took
+            log.warning("recover: the spare template did not answer within %.0f s; it is stopped, a fresh process "
+                        "takes over", ANSWER)
+            self.template.kill()
             return None
         handler = SubprocessHandler.__new__(SubprocessHandler)
         handler.proc, handler._stdout, handler._stderr, handler.local_rank_id = (Forked(self.took.pop(0), self), None,

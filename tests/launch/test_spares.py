@@ -183,3 +183,14 @@ def test_a_template_gone_leaves_its_workers_end_known_as_a_failure(launcher: Spa
     worker.close(signal.SIGKILL)
     assert worker.proc.wait(timeout=30) == 1  # its code went with the template: a failure, said in a line
     assert launcher.take({"RANK": "2"}, 2) is None  # no template: a fresh process takes over
+
+
+def test_a_wedged_template_is_stopped_and_a_fresh_process_takes_over(launcher: Spares,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import ft_plugins.launch.recover as recover
+
+    monkeypatch.setattr(recover, "ANSWER", 0.5)
+    os.kill(launcher.template.pid, signal.SIGSTOP)  # it reads no request
+    assert launcher.take({"RANK": "2"}, 2) is None
+    assert launcher.template.wait(timeout=30) == -signal.SIGKILL
+    assert launcher.take({"RANK": "2"}, 2) is None and launcher.ended
