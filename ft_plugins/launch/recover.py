@@ -17,13 +17,14 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
+import select
+import subprocess
 import time
 from datetime import timedelta
 from typing import Any, Callable
 
 from ft_plugins.config import RECOVERY_VAR
-from ft_plugins.launch.spare import EXIT, READY, TOOK
+from ft_plugins.launch.spare import EXIT, READY, TOOK, Lines
 from ft_plugins.recovery import key, namespace, replacement_value
 
 log = logging.getLogger("ft_plugins.recover")
@@ -46,21 +47,19 @@ class Spares:
         self.ended = False  # its output ended: it is gone
         self.took: list[int] = []  # pids it answered a request with, not yet handed out
         self.exits: dict[int, int] = {}  # pid of a taken spare -> exit code, as the template reported
-        self._pending = b""
+        self._answers: Lines | None = None
 
     def refill(self, context: Any) -> None:
         """Start the template unless one runs."""
         self._read(0)
         if not self.count or (self.template is not None and not self.ended):
             return
-        import subprocess
-
         args = [arg for arg in context.args[0] if arg != "-u"]
         self.template = subprocess.Popen([context.entrypoint, "-u", "-m", "ft_plugins.launch.spare", str(self.count),
                                           *args], env=_unplaced({**os.environ, **context.envs[0]}),
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
         self.ready = self.ended = False
-        self.took, self._pending = [], b""
+        self.took, self._answers = [], Lines(self.template.stdout.fileno())
 
     def take(self, env: dict[str, str], local_rank: int) -> Any:
         """A ready spare made into the worker of ``env`` (a handler torchrun's context can hold), or None."""
@@ -107,17 +106,13 @@ class Spares:
                 pass
 
     def _read(self, timeout: float) -> None:
-        if self.template is None or self.ended:
+        if self._answers is None or self.ended:
             return
-        import select
-
-        output = self.template.stdout.fileno()
-        while select.select([output], [], [], max(timeout, 0))[0]:
-            chunk = os.read(output, 65536)
-            if not chunk:
+        while select.select([self._answers.fd], [], [], max(timeout, 0))[0]:
+            lines = self._answers.read()
+            if lines is None:
                 self.ended = True
                 return
-            *lines, self._pending = (self._pending + chunk).split(b"\n")
             for line in lines:
                 word, *numbers = line.decode().split()
                 if word == READY:
@@ -144,8 +139,6 @@ class Forked:
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            import select
-
             ended = self._pidfd is None or bool(select.select([self._pidfd], [], [], 0)[0])
             self.returncode = self._spares.exit_code(self.pid, ended)
             if self.returncode is not None and self._pidfd is not None:
@@ -154,24 +147,12 @@ class Forked:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        import subprocess
-
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.poll() is None:
             if deadline is not None and time.monotonic() >= deadline:
                 raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
             time.sleep(WAIT_POLL)
         return self.returncode  # type: ignore[return-value]
-
-    def send_signal(self, sig: int) -> None:
-        if self.returncode is None:
-            os.kill(self.pid, sig)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
 
 
 class Supervisor:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import gc
 import importlib
 import json
+import logging
 import os
 import runpy
 import select
@@ -34,6 +35,23 @@ from typing import Iterator
 READY, TOOK, EXIT = "ready", "took", "exit"  # the template's answers
 PRELOADED = ("torch", "torch.distributed", "megatron.training")
 STDIN = 0
+
+
+class Lines:
+    """Whole lines from a pipe, read as its bytes come (after ``select`` said some did): a request or an answer
+    may arrive in pieces, or several in one read."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._pending = b""
+
+    def read(self) -> list[bytes] | None:
+        """The lines one read completed (without their newline); None at end of input."""
+        chunk = os.read(self.fd, 65536)
+        if not chunk:
+            return None
+        *lines, self._pending = (self._pending + chunk).split(b"\n")
+        return lines
 
 
 class Template:
@@ -73,7 +91,7 @@ class Template:
     def _requests(self) -> Iterator[bytes]:
         """Lines of standard input; meanwhile each taken spare's end is reported. At end of input the waiting
         spares are stopped; it returns once no taken one is left."""
-        pending, reading = b"", True
+        requests, reading = Lines(STDIN), True
         while reading or self.taken:
             ready = select.select([*self.taken, *([STDIN] if reading else [])], [], [])[0]
             for pidfd in (fd for fd in ready if fd in self.taken):
@@ -82,16 +100,15 @@ class Template:
                 self._say(f"{EXIT} {pid} {os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])}")
             if STDIN not in ready:
                 continue
-            chunk = os.read(STDIN, 65536)
-            if not chunk:
+            lines = requests.read()
+            if lines is None:
                 reading = False
                 for pid, pipe in self.waiting:
                     os.kill(pid, signal.SIGKILL)
                     os.close(pipe)
                     os.waitpid(pid, 0)
                 self.waiting.clear()
-            *lines, pending = (pending + chunk).split(b"\n")
-            for line in lines:
+            for line in lines or ():
                 yield line + b"\n"
 
     def _refill(self) -> dict[str, str] | None:
@@ -149,11 +166,15 @@ def take_over(environment: dict[str, str], argv: list[str]) -> None:
 
 
 def main() -> None:
-    for module in PRELOADED:
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            pass
+    logging.disable(logging.WARNING)  # nobody's rank yet: ft_plugins' start-up lines are the taken rank's to say
+    try:
+        for module in PRELOADED:
+            try:
+                importlib.import_module(module)
+            except ImportError:
+                pass
+    finally:
+        logging.disable(logging.NOTSET)
     gc.freeze()  # what the imports made lives as long as the process: no collection reads it again
     environment = Template(int(sys.argv[1])).serve()
     if environment is not None:

@@ -194,3 +194,19 @@ def test_a_wedged_template_is_stopped_and_a_fresh_process_takes_over(launcher: S
     assert launcher.take({"RANK": "2"}, 2) is None
     assert launcher.template.wait(timeout=30) == -signal.SIGKILL
     assert launcher.take({"RANK": "2"}, 2) is None and launcher.ended
+
+
+def test_lines_come_whole_however_the_pipe_cuts_them() -> None:
+    from ft_plugins.launch.spare import Lines
+
+    readable, writable = os.pipe()
+    lines = Lines(readable)
+    os.write(writable, b'{"RANK": ')
+    assert lines.read() == []  # half a request: nothing yet
+    os.write(writable, b'"1"}\ntook 7\nexit 7 ')
+    assert lines.read() == [b'{"RANK": "1"}', b"took 7"]
+    os.write(writable, b"0\n")
+    assert lines.read() == [b"exit 7 0"]
+    os.close(writable)
+    assert lines.read() is None
+    os.close(readable)

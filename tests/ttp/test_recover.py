@@ -90,6 +90,7 @@ def test_only_the_lost_worker_is_replaced_the_survivors_keep_their_processes(rec
     assert zero and _catchers(recovered, 0)[1:] == [zero.group(1)], "rank 0's replacement survived the third fault"
     assert len(_catchers(recovered, 3)) == 2 and len(set(_catchers(recovered, 3))) == 1
     assert len(recovered.lines("took over as generation") + recovered.lines("started as generation")) == 3
+    assert not recovered.lines(" rank ?]"), "the spare template, nobody's rank, says nothing"
     assert not recovered.lines("closing signal"), "torchrun never signalled a worker"
     for rank, generation in ((1, 1), (0, 2), (3, 3)):
         assert recovered.lines(f"rank {rank} joined generation {generation}")
