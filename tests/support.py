@@ -165,12 +165,35 @@ def finish(process: subprocess.Popen, timeout: int) -> tuple[str, str]:
             from None
 
 
+_ports: Iterator[int] | None = None
+
+
 def free_port() -> int:
+    """A port nothing is bound to, below the kernel's ephemeral range and in a slice of its own for each pytest
+    worker. A port the kernel handed out as free (``bind(0)``) is from that range, where the other worker's
+    jobs take theirs for every gloo connection: one was taken before torchrun bound it (EADDRINUSE)."""
+    import itertools
+    import random
     import socket
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    global _ports
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    size = (low - PORTS_FROM) // PORT_SLICES
+    if _ports is None:
+        start = PORTS_FROM + int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0) % PORT_SLICES * size
+        first = random.randrange(size)
+        _ports = itertools.cycle([*range(start + first, start + size), *range(start, start + first)])
+    for port in itertools.islice(_ports, size):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError(f"every port of this worker's slice ({size} below {low}) is bound")
+
+
+PORTS_FROM, PORT_SLICES = 10000, 8
 
 
 VENDOR_PACKAGES = ("taskd", "torch_npu", "mindio_ttp", "fake_record", "mindspore_mstx")
