@@ -1,15 +1,19 @@
-"""Installs the MindFormers start-up hook (a .pth file) at the top of site-packages, beside ft_plugins.
+"""Finds the packages and installs the MindFormers start-up hook (a .pth file) at the top of site-packages.
 
-Everything else is declared in pyproject.toml; a .pth file must sit at the root of site-packages,
-which package data cannot express.
+Everything else is declared in pyproject.toml. Packages are discovered, never listed, so that a new
+module cannot be left out of the wheel: every package under ``ft_plugins/`` ships, and nothing else
+(``tests``, ``examples``, ``benchmarks``, ``scripts`` stay in the repository). The patch recipes live at
+the top of the repository (``patches/``) and ship as ``ft_plugins.patches``. A .pth file must sit at
+the root of site-packages, which package data cannot express.
 """
 
 import os
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
 STARTUP_HOOK = "ft-plugins-mindformers.pth"
+PACKAGES = [*find_packages(include=["ft_plugins", "ft_plugins.*"]), "ft_plugins.patches"]
 
 
 class BuildWithStartupHook(build_py):
@@ -19,4 +23,4 @@ class BuildWithStartupHook(build_py):
                        os.path.join(self.build_lib, STARTUP_HOOK), preserve_mode=False)
 
 
-setup(cmdclass={"build_py": BuildWithStartupHook})
+setup(packages=PACKAGES, cmdclass={"build_py": BuildWithStartupHook})
