@@ -158,12 +158,11 @@ def test_the_package_face_imports_nothing_until_a_name_is_used() -> None:
     import subprocess
     import sys
 
-    from support import REPO
 
     code = ("import sys, ft_plugins.checkpoint.atomic\n"
             "print(sorted(m for m in sys.modules if m.startswith('ft_plugins.checkpoint.')))\n"
             "from ft_plugins.checkpoint import find_latest\n"
             "print('ft_plugins.checkpoint.select' in sys.modules)\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
+                            env={"PATH": "/usr/bin:/bin"})
     assert result.stdout.split("\n")[:2] == ["['ft_plugins.checkpoint.atomic']", "True"], result.stderr

@@ -11,15 +11,13 @@ from pathlib import Path
 import pytest
 
 from ft_plugins.checkpoint import commit, find_latest
-from support import PYTHON, REPO
+from support import PYTHON
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FT_PLUGINS")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return env
+    return {k: v for k, v in os.environ.items() if not k.startswith("FT_PLUGINS")}
 
 
 def _script(name: str, *args: str, cwd: Path, damage) -> str:

@@ -8,7 +8,6 @@ import sys
 
 import pytest
 
-from support import REPO
 
 LAUNCHER_VARIABLES = ("RANK", "RANK_ID", "MS_NODE_ID", "WORLD_SIZE", "MS_WORKER_NUM")
 
@@ -21,7 +20,7 @@ LAUNCHER_VARIABLES = ("RANK", "RANK_ID", "MS_NODE_ID", "WORLD_SIZE", "MS_WORKER_
 ])
 def test_log_lines_name_the_rank(env: dict[str, str], shown: str) -> None:
     child = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
-    child.update(env, PYTHONPATH=str(REPO))
+    child.update(env)
     script = "import logging; from ft_plugins import logs; logs.setup('INFO'); logging.getLogger('ft_plugins').info('hi')"
     result = subprocess.run([sys.executable, "-c", script], env=child, capture_output=True, text=True, timeout=60)
     assert result.stderr.strip() == f"[ft_plugins {shown}] INFO hi"
@@ -31,7 +30,7 @@ def test_a_warm_spare_taking_over_a_rank_names_that_rank_after_megatron_configur
     """A spare makes its handler before it knows its rank; once it is rank 2, megatron's import meanwhile
     gave the root logger a handler, and its lines still carry the prefix, with the rank it now is."""
     child = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
-    child.update(PYTHONPATH=str(REPO), WORLD_SIZE="4")
+    child.update(WORLD_SIZE="4")
     script = ("import logging, os; from ft_plugins import logs; logs.setup('INFO'); "
               "logging.getLogger().addHandler(logging.StreamHandler()); os.environ['RANK'] = '2'; "
               "logs.setup('INFO'); logging.getLogger('ft_plugins.recover').warning('taken over')")
@@ -41,7 +40,7 @@ def test_a_warm_spare_taking_over_a_rank_names_that_rank_after_megatron_configur
 
 def _process(code: str, **env: str) -> subprocess.CompletedProcess:
     child = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES and not k.startswith("FT_")}
-    child.update(env, PYTHONPATH=str(REPO), FT_PLUGINS_MSTX_BACKEND="noop")
+    child.update(env, FT_PLUGINS_MSTX_BACKEND="noop")
     return subprocess.run([sys.executable, "-c", code], env=child, capture_output=True, text=True, timeout=120)
 
 

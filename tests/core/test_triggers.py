@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 
-from support import REPO
 
 SCRIPT = """
 import os, signal, subprocess, sys, threading, time
@@ -50,8 +49,7 @@ else:
 
 
 def run(how: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", SCRIPT, how], cwd=REPO, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run([sys.executable, "-c", SCRIPT, how], capture_output=True, text=True, timeout=60)
 
 
 def test_a_child_ending_during_the_dump_does_not_cut_it_short() -> None:

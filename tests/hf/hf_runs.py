@@ -40,7 +40,7 @@ def start_trainer(workdir: Path, out: Path, *args: str, ft: bool = True, fakes: 
     command = [FT_PLUGINS, "run", "--", TORCHRUN, "--nproc-per-node", "2", "--master-port", str(free_port()),
                *launcher, str(EXAMPLE), str(out), "--final", str(final), *args]
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "FT_FAKE", "TORCHELASTIC"))}
-    extra = {"PYTHONPATH": os.pathsep.join([str(REPO), *([str(FAKES)] if fakes else [])])}
+    extra = {"PYTHONPATH": str(FAKES) if fakes else ""}
     if not ft:
         extra["FT_PLUGINS"] = "none"
     process = subprocess.Popen(command, cwd=workdir, env={**clean, **extra, **env}, stdout=subprocess.PIPE,

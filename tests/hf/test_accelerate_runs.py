@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from hf_runs import FT_PLUGINS
 
-from support import REPO, TORCHRUN, free_port
+from support import TORCHRUN, free_port
 
 from ft_plugins.checkpoint import verify
 
@@ -25,7 +25,7 @@ JOB = Path(__file__).resolve().parent / "fixtures" / "accelerate_job.py"
 def _job(project: Path, *args: str, ft: bool, fault: str = "") -> subprocess.CompletedProcess:
     """One 2-rank launch of the job; output (stdout and stderr together) on stdout."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "FT_FAKE", "TORCHELASTIC"))}
-    env = {**clean, "PYTHONPATH": str(REPO), "FT_PLUGINS": "resume" if ft else "none",
+    env = {**clean, "FT_PLUGINS": "resume" if ft else "none",
            **({"FT_PLUGINS_INJECT_FAULT": fault} if fault else {})}
     command = [FT_PLUGINS, "run", "--", TORCHRUN, "--nproc-per-node", "2", "--master-port", str(free_port()),
                str(JOB), str(project), *args]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from hf_runs import Job
 
-from support import PYTHON, REPO
+from support import PYTHON
 
 HOOKED = (("transformers.trainer", "Trainer", "_save_checkpoint"), ("transformers.trainer", "Trainer", "train"),
           ("transformers.trainer", "Trainer", "_rotate_checkpoints"), ("transformers.trainer", "Trainer", "__init__"),
@@ -128,7 +128,7 @@ def test_hooks_reach_transformers_imported_after_ft_plugins(tmp_path: Path) -> N
     code = ("import ft_plugins.torch, transformers.trainer as t, transformers.trainer_utils as u\n"
             "print(t.get_last_checkpoint is u.get_last_checkpoint, hasattr(t.get_last_checkpoint, '__wrapped__'),"
             " hasattr(vars(t.Trainer)['_save_checkpoint'], '__wrapped__'))")
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("FT_PLUGINS")}, "PYTHONPATH": str(REPO),
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("FT_PLUGINS")}, "PYTHONPATH": "",
            "FT_PLUGINS": "resume"}
     result = subprocess.run([PYTHON, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert result.stdout.split() == ["True", "True", "True"], result.stderr[-2000:]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from launch_support import Vendors, ft_run, launch_env, read_jsonl
-from support import PYTHON, REPO
+from support import PYTHON
 
 from ft_plugins.launch import BOOTSTRAP_DIR, environment, roles
 from ft_plugins.processes import alive
@@ -96,7 +96,7 @@ def test_a_python_without_ft_plugins_runs_the_command_with_one_warning(tmp_path:
     script.write_text("import subprocess, sys\nprint('job ran')\n"
                       "subprocess.run([sys.executable, '-c', 'print(\"child ran\")'], check=True)\n")
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}  # no PYTHONPATH: ft_plugins only where the CLI is
-    launcher = f"import sys; sys.path.insert(0, {str(REPO)!r}); from ft_plugins.cli import main; sys.exit(main())"
+    launcher = "import sys; from ft_plugins.cli import main; sys.exit(main())"
     result = subprocess.run([PYTHON, "-c", launcher, "run", "--", str(system_python), str(script)], env=env,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from support import PYTHON, REPO, free_port
+from support import PYTHON, free_port
 
 from ft_plugins.processes import alive
 
@@ -55,9 +55,8 @@ class Job:
 
 
 def job_env(**extra: str) -> dict[str, str]:
-    """This tree's ft_plugins in every worker; msrun starts workers with the first ``python`` on PATH."""
+    """The installed ft_plugins in every worker; msrun starts workers with the first ``python`` on PATH."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "FT_TEST", "MS_"))}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
     env["PATH"] = os.pathsep.join([str(Path(PYTHON).parent), env.get("PATH", "")])
     env.update(GLOG_v="2", **extra)
     return env

@@ -122,7 +122,7 @@ def _launch(directory: Path, data: Path, epochs: int, resume: bool, ft_plugins: 
     config.write_text(YAML.format(load_checkpoint="./output/checkpoint" if resume else "", resume=resume,
                                   epochs=epochs, data=data, fault_tolerance=FAULT_TOLERANCE if ft_plugins else ""))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "FT_FAKE", "MS_ENABLE_TFT"))}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(FAKES)])
+    env["PYTHONPATH"] = str(FAKES)
     site = ""
     if ft_plugins:
         site_dir = directory / "site"

@@ -101,7 +101,7 @@ def test_only_the_selected_features_hook_in(ft_torch, tmp_path) -> None:
 
 
 def _python(code: str, *paths, **env: str) -> subprocess.CompletedProcess:
-    environment = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(str(p) for p in (*paths, REPO)), **env}
+    environment = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(str(p) for p in paths), **env}
     return subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, env=environment, timeout=120)
 
 

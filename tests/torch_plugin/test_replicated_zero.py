@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from support import PYTHON, REPO, TORCHRUN, assert_bit_identical, free_port, saved_tensors
+from support import PYTHON, TORCHRUN, assert_bit_identical, free_port, saved_tensors
 
 LOOP = Path(__file__).resolve().parent / "fixtures" / "zero_loop.py"
 STEPS = "6"
@@ -32,9 +32,7 @@ def _run(tmp_path_factory: pytest.TempPathFactory, name: str, *args: str, expect
 
 
 def _clean_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FT_PLUGINS")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return env
+    return {k: v for k, v in os.environ.items() if not k.startswith("FT_PLUGINS")}
 
 
 def _reports(out: Path) -> dict[int, dict]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from support import MEGATRON_EXAMPLE, REPO, TORCHRUN, free_port
+from support import MEGATRON_EXAMPLE, TORCHRUN, free_port
 
 ITERS = 6
 
@@ -53,7 +53,6 @@ def run_supervised(workdir: Path, launch: "Launch", *args: str, **env: str) -> J
                "--master-port", str(free_port()), str(MEGATRON_EXAMPLE), *launch.args, "--train-iters", str(ITERS),
                "--save", str(save), *args]
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "FT_FAKE", "TORCHELASTIC"))}
-    clean["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), clean.get("PYTHONPATH", "")]))
     result = subprocess.run(command, cwd=workdir, env={**clean, **dict(launch.env), **env}, capture_output=True,
                             text=True, timeout=400)
     return Job(result.returncode, result.stdout + result.stderr, save)
