@@ -11,11 +11,21 @@ import importlib
 import sys
 from typing import Sequence
 
-from ft_plugins import __version__
-
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_NOTHING = 0, 1, 2, 3
 
 COMMANDS = ("features", "ckpt", "patch", "run", "manager", "doctor", "env", "k8s")
+
+
+class _Version(argparse.Action):
+    """``--version``: the version, and where this ft_plugins is installed (looked up only when asked)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="show which ft-plugins this is, and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        from ft_plugins.launch.installation import installation
+
+        parser.exit(EXIT_OK, installation().describe() + "\n")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -26,7 +36,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ft-plugins", description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version=f"ft-plugins {__version__}")
+    parser.add_argument("--version", action=_Version)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
         importlib.import_module(f"ft_plugins.cli.{name}").register(subparsers)

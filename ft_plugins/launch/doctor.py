@@ -21,7 +21,7 @@ from typing import Callable, Iterator, Mapping
 
 from packaging.version import InvalidVersion, Version
 
-from ft_plugins.launch import BOOTSTRAP_DIR, environment
+from ft_plugins.launch import BOOTSTRAP_DIR, environment, installation
 from ft_plugins.vendors import VendorUnavailable, cann, mindio, taskd, versions
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
@@ -53,6 +53,22 @@ def _at_least(found: str, minimum: str) -> bool | None:
         return Version(found) >= Version(minimum)
     except InvalidVersion:
         return None
+
+
+def check_install(env: Mapping[str, str]) -> Iterator[Check]:
+    """Which ft_plugins this is, and that every module of it imports (a module missing is a FAIL naming it)."""
+    found = installation.installation()
+    yield Check("ft_plugins", OK if found.installed else WARN, found.describe(),
+                "" if found.installed else "install the package: pip install --force-reinstall ft-plugins")
+    imports = installation.import_every_module()
+    for module, error in sorted(imports.broken.items()):
+        yield Check("ft_plugins module", FAIL, f"{module} does not import: {error}",
+                    "reinstall: pip install --force-reinstall --no-deps ft-plugins")
+    waiting = sum(len(modules) for modules in imports.needs.values())
+    frameworks = ", ".join(f"{name} ({len(modules)})" for name, modules in sorted(imports.needs.items()))
+    yield Check("ft_plugins modules", FAIL if imports.broken else OK,
+                f"{imports.count - len(imports.broken) - waiting} of {imports.count} import"
+                + (f"; {waiting} need frameworks not installed here: {frameworks}" if waiting else ""))
 
 
 def check_versions(env: Mapping[str, str]) -> Iterator[Check]:
@@ -235,7 +251,7 @@ def check_sitecustomize(env: Mapping[str, str]) -> Iterator[Check]:
 
 
 CHECKS: tuple[Callable[[Mapping[str, str]], Iterator[Check]], ...] = (
-    check_versions, check_placeholders, check_preload, check_launch_agent, check_tft, check_msrun_python,
+    check_install, check_versions, check_placeholders, check_preload, check_launch_agent, check_tft, check_msrun_python,
     check_manager, check_profiling_dir, check_sitecustomize,
 )
 
