@@ -47,8 +47,15 @@ def _register(registry_module: object) -> None:
         from ft_plugins.mindspore.mindformers import guard_resume
 
         guard_resume()
-    except Exception as exc:  # runs inside MindFormers' import: never break it
-        log.warning("could not register ft_plugins callbacks with MindFormers: %s: %s", type(exc).__name__, exc)
+    except Exception as exc:  # runs inside MindFormers' import: never break it, never go unheard
+        _say_registration_failed(exc)
+
+
+def _say_registration_failed(exc: Exception) -> None:
+    """One line on stderr, not a log record: MindFormers' logging, set up by then, may send ft_plugins'
+    records only to its log files, and a YAML ``- type: FaultTolerance`` entry would then fail unexplained."""
+    sys.stderr.write(f"ft_plugins: could not register its callbacks with MindFormers: {type(exc).__name__}: {exc}; "
+                     "a YAML `- type: FaultTolerance` entry will not be found (check the install: ft-plugins doctor)\n")
 
 
 def _explain_fatal_tft_switch() -> None:
