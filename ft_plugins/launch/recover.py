@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import select
+import socket
 import subprocess
 import time
 from datetime import timedelta
@@ -47,6 +48,7 @@ class Spares:
         self.ended = False  # its output ended: it is gone
         self.took: list[int] = []  # pids it answered a request with, not yet handed out
         self.exits: dict[int, int] = {}  # pid of a taken spare -> exit code, as the template reported
+        self._channel: socket.socket | None = None  # the template's standard input: requests out, answers in
         self._answers: Lines | None = None
 
     def refill(self, context: Any) -> None:
@@ -55,11 +57,13 @@ class Spares:
         if not self.count or (self.template is not None and not self.ended):
             return
         args = [arg for arg in context.args[0] if arg != "-u"]
-        self.template = subprocess.Popen([context.entrypoint, "-u", "-m", "ft_plugins.launch.spare", str(self.count),
-                                          *args], env=_unplaced({**os.environ, **context.envs[0]}),
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+        self._channel, theirs = socket.socketpair()
+        with theirs:  # a channel of its own: what the template's imports print goes to the console, never here
+            self.template = subprocess.Popen([context.entrypoint, "-u", "-m", "ft_plugins.launch.spare",
+                                              str(self.count), *args], env=_unplaced({**os.environ, **context.envs[0]}),
+                                             stdin=theirs, start_new_session=True)
         self.ready = self.ended = False
-        self.took, self._answers = [], Lines(self.template.stdout.fileno())
+        self.took, self._answers = [], Lines(self._channel.fileno())
 
     def take(self, env: dict[str, str], local_rank: int) -> Any:
         """A ready spare made into the worker of ``env`` (a handler torchrun's context can hold), or None."""
@@ -69,8 +73,7 @@ class Spares:
         if self.template is None or not self.ready or self.ended:
             return None  # none, still importing, or gone
         try:
-            self.template.stdin.write(json.dumps(env).encode() + b"\n")
-            self.template.stdin.flush()
+            self._channel.sendall(json.dumps(env).encode() + b"\n")
         except OSError:
             return None
         deadline = time.monotonic() + ANSWER
@@ -99,9 +102,9 @@ class Spares:
 
     def stop(self) -> None:
         """End of the template's input: it stops its waiting spares and reports the taken ones until they end."""
-        if self.template is not None and not self.template.stdin.closed:
+        if self._channel is not None and not self.ended:
             try:
-                self.template.stdin.close()
+                self._channel.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
 
@@ -112,6 +115,7 @@ class Spares:
             lines = self._answers.read()
             if lines is None:
                 self.ended = True
+                self._channel.close()
                 return
             for line in lines:
                 word, *numbers = line.decode().split()

@@ -4,14 +4,15 @@ and megatron imported, waiting to take over a lost rank.
     python -u -m ft_plugins.launch.spare N SCRIPT ARGS...
 
 The launcher (:mod:`ft_plugins.launch.recover`) starts one such process per node, the template, with a
-worker's environment and command. Once imported, the template forks ``N`` spares and says ``ready`` on its
-standard output (its own output goes to standard error after that). Each line on its standard input is a
-lost worker's environment as JSON: the oldest waiting spare takes it (ft_plugins turned on again with
-that environment, ``SCRIPT`` run as the lost worker would have; each spare has a process group of its
-own) and the template answers ``took PID``, then forks a spare in its place. A fork of the imported template costs ~10 ms;
-starting a spare anew cost 2-3 CPU seconds of imports, taken from the ranks training on the same cores.
-A taken spare is the template's child, not the launcher's: the template reports its end as
-``exit PID CODE``. End of input, or the template killed: the waiting spares exit.
+worker's environment and command, and a socket as its standard input: the launcher's requests come in on
+it and the template's answers go out on it, so that nothing the imports (or anything else) print on the
+standard output ever reads as an answer. Once imported, the template forks ``N`` spares and answers
+``ready``. Each request is a lost worker's environment as JSON, one line: the oldest waiting spare takes it
+(ft_plugins turned on again with that environment, ``SCRIPT`` run as the lost worker would have; each spare
+has a process group of its own) and the template answers ``took PID``, then forks a spare in its place. A
+fork of the imported template costs ~10 ms; starting a spare anew cost 2-3 CPU seconds of imports, taken
+from the ranks training on the same cores. A taken spare is the template's child, not the launcher's: the
+template reports its end as ``exit PID CODE``. End of input, or the template killed: the waiting spares exit.
 
 What the imports made is moved out of the collector's reach (``gc.freeze``) before the forks: the
 400,000 objects of torch and megatron stay for the process's life, every full collection of a take-over
@@ -34,7 +35,7 @@ from typing import Iterator
 
 READY, TOOK, EXIT = "ready", "took", "exit"  # the template's answers
 PRELOADED = ("torch", "torch.distributed", "megatron.training")
-STDIN = 0
+CHANNEL = 0  # standard input: a socket, the launcher's requests in, the answers out
 
 
 class Lines:
@@ -47,7 +48,10 @@ class Lines:
 
     def read(self) -> list[bytes] | None:
         """The lines one read completed (without their newline); None at end of input."""
-        chunk = os.read(self.fd, 65536)
+        try:
+            chunk = os.read(self.fd, 65536)
+        except ConnectionResetError:  # the other side ended with some of what it was sent unread: an end too
+            return None
         if not chunk:
             return None
         *lines, self._pending = (self._pending + chunk).split(b"\n")
@@ -61,8 +65,6 @@ class Template:
         self.count = count
         self.waiting: list[tuple[int, int]] = []  # (pid, write end of the pipe it reads its environment from)
         self.taken: dict[int, int] = {}  # pidfd -> pid of a spare that took over a rank
-        self.answers = os.dup(sys.stdout.fileno())  # the launcher's pipe; fd 1 becomes the console
-        os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
 
     def serve(self) -> dict[str, str] | None:
         """Runs until end of input and the end of every taken spare (returns None); in a spare that took
@@ -89,16 +91,16 @@ class Template:
         return None
 
     def _requests(self) -> Iterator[bytes]:
-        """Lines of standard input; meanwhile each taken spare's end is reported. At end of input the waiting
+        """The launcher's requests; meanwhile each taken spare's end is reported. At end of input the waiting
         spares are stopped; it returns once no taken one is left."""
-        requests, reading = Lines(STDIN), True
+        requests, reading = Lines(CHANNEL), True
         while reading or self.taken:
-            ready = select.select([*self.taken, *([STDIN] if reading else [])], [], [])[0]
+            ready = select.select([*self.taken, *([CHANNEL] if reading else [])], [], [])[0]
             for pidfd in (fd for fd in ready if fd in self.taken):
                 pid = self.taken.pop(pidfd)
                 os.close(pidfd)
                 self._say(f"{EXIT} {pid} {os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])}")
-            if STDIN not in ready:
+            if CHANNEL not in ready:
                 continue
             lines = requests.read()
             if lines is None:
@@ -128,10 +130,10 @@ class Template:
             return None
         _own_group(0)
         os.close(writable)
-        for fd in (self.answers, *self.taken, *(pipe for _, pipe in self.waiting)):
+        for fd in (*self.taken, *(pipe for _, pipe in self.waiting)):
             os.close(fd)  # the template's: a spare holding another's pipe would keep it from seeing the end
         devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, STDIN)  # the launcher's requests are the template's to read
+        os.dup2(devnull, CHANNEL)  # the launcher's channel is the template's alone
         os.close(devnull)
         with os.fdopen(readable, "rb") as pipe:
             line = pipe.readline()
@@ -141,7 +143,7 @@ class Template:
 
     def _say(self, line: str) -> None:
         try:
-            os.write(self.answers, f"{line}\n".encode())
+            os.write(CHANNEL, f"{line}\n".encode())
         except BrokenPipeError:  # the launcher is gone: its workers end with it
             pass
 

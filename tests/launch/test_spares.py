@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -28,7 +29,16 @@ time.sleep(float(os.environ.get("HOLD", "0")))
 sys.exit(int(os.environ.get("CODE", "0")))
 """
 # the template as the launcher starts it (`ENTRYPOINT -u -m ft_plugins.launch.spare N SCRIPT ARGS`), torch not imported
-TEMPLATE = ("import sys, ft_plugins.launch.spare as spare; spare.PRELOADED = ('json', 'decimal'); spare.main()")
+# (and whatever $PRELOAD names)
+TEMPLATE = ("import os, ft_plugins.launch.spare as spare; "
+            "spare.PRELOADED = ('json', 'decimal', *os.environ.get('PRELOAD', '').split()); spare.main()")
+# an import that prints on standard output, as some do while they load
+NOISY = """import os, sys
+print()
+print("took 1")
+sys.stdout.flush()
+os.write(1, b"\\xff\\n\\nexit 1 0\\nready\\n")
+"""
 
 
 class Store:
@@ -93,29 +103,32 @@ def worker(tmp_path: Path) -> Path:
     return script
 
 
-def _answer(template: subprocess.Popen) -> list[str]:
-    return template.stdout.readline().decode().split()
+def _answer(answers: Any) -> list[str]:
+    return answers.readline().decode().split()
 
 
 def test_the_template_hands_each_request_to_a_forked_spare_and_reports_its_end(worker: Path) -> None:
-    template = subprocess.Popen([sys.executable, "-c", TEMPLATE, "2", str(worker), "--x"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    ours, theirs = socket.socketpair()  # the template's standard input, as the launcher gives it
+    with theirs:
+        template = subprocess.Popen([sys.executable, "-c", TEMPLATE, "2", str(worker), "--x"], stdin=theirs,
+                                    stdout=subprocess.PIPE)
+    answers = ours.makefile("rb")
     try:
-        assert _answer(template) == ["ready"]
+        assert _answer(answers) == ["ready"]
         pids = []
         for rank, code in (("3", "0"), ("1", "7")):
-            template.stdin.write(json.dumps({"RANK": rank, "CODE": code}).encode() + b"\n")
-            template.stdin.flush()
-            word, pid = _answer(template)
+            ours.sendall(json.dumps({"RANK": rank, "CODE": code}).encode() + b"\n")
+            word, pid = _answer(answers)
             assert word == "took"
-            assert _answer(template) == ["exit", pid, code]
+            assert _answer(answers) == ["exit", pid, code]
             pids.append(int(pid))
-        template.stdin.close()  # the launcher stopped: the waiting spares go, the template ends
+        ours.shutdown(socket.SHUT_WR)  # the launcher stopped: the waiting spares go, the template ends
         assert template.wait(timeout=30) == 0
-        errors = template.stderr.read().decode()
+        printed = template.stdout.read().decode()
     finally:
         template.kill()
-    seen = [json.loads(line) for line in errors.splitlines() if line.startswith("{")]
+        ours.close()
+    seen = [json.loads(line) for line in printed.splitlines() if line.startswith("{")]
     assert [one["rank"] for one in seen] == ["3", "1"] and [one["pid"] for one in seen] == pids
     for one in seen:
         assert one["argv"] == [str(worker), "--x"] and one["stdin"] == ""  # the requests are not a worker's input
@@ -138,23 +151,44 @@ def _spares_of(worker: Path) -> list[int]:
     return found
 
 
-@pytest.fixture
-def launcher(tmp_path: Path, worker: Path) -> Any:
+def _ready_spares(tmp_path: Path, worker: Path, **env: str) -> Spares:
     """The launcher's side (:class:`Spares`) with a torchrun-like context whose entrypoint runs the template
-    without torch's imports."""
+    without torch's imports, once the template said it is ready."""
     entrypoint = tmp_path / "python"
     entrypoint.write_text(f"#!/bin/sh\nshift 3\nexec {sys.executable} -c \"{TEMPLATE}\" \"$@\"\n")
     entrypoint.chmod(0o755)
-    context = SimpleNamespace(entrypoint=str(entrypoint), args={0: (str(worker),)}, envs={0: {"RANK": "0"}})
+    context = SimpleNamespace(entrypoint=str(entrypoint), args={0: (str(worker),)}, envs={0: {"RANK": "0", **env}})
     spares = Spares(1)
     spares.refill(context)
     deadline = time.monotonic() + 60
     while not spares.ready and time.monotonic() < deadline:
         spares._read(0.1)
     assert spares.ready
+    return spares
+
+
+@pytest.fixture
+def launcher(tmp_path: Path, worker: Path) -> Any:
+    spares = _ready_spares(tmp_path, worker)
     yield spares
     spares.stop()
     spares.template.wait(timeout=30)
+
+
+def test_what_the_templates_imports_print_never_reaches_the_launcher(tmp_path: Path, worker: Path,
+                                                                    capfd: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "noisy.py").write_text(NOISY)
+    spares = _ready_spares(tmp_path, worker, PRELOAD="noisy", PYTHONPATH=str(tmp_path))
+    try:
+        taken = spares.take({"RANK": "2", "CODE": "3"}, 2)
+        assert taken is not None and taken.proc.pid != 1
+        assert taken.proc.wait(timeout=30) == 3
+    finally:
+        spares.stop()
+        spares.template.wait(timeout=30)
+    printed = capfd.readouterr().out
+    assert "took 1" in printed and "exit 1 0" in printed, "the noise went to the console"
+    assert '"rank": "2"' in printed, "and so does a spare's output, as a worker's"
 
 
 def test_the_launcher_learns_a_forked_workers_end_as_torchrun_asks(launcher: Spares) -> None:
