@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import re
+import shutil
 import subprocess
 import tarfile
 import zipfile
@@ -32,11 +33,16 @@ def shipped_from_the_tree() -> set[str]:
             | {f"ft_plugins/patches/{name}" for name in _files(RECIPES)} | {STARTUP_HOOK})
 
 
+# what a clean checkout does not hold: an earlier build's egg-info would feed its file list to the sdist
+NOT_CHECKED_OUT = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "output")
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The sdist, and the wheel built from it, as ``python -m build`` makes them for a release."""
-    out = tmp_path_factory.mktemp("dist")
-    build = subprocess.run([PYTHON, "-m", "build", "--no-isolation", "--outdir", str(out), str(REPO)],
+    """The sdist, and the wheel built from it, as ``python -m build`` makes them from a clean checkout."""
+    source, out = tmp_path_factory.mktemp("checkout") / "ft_plugins", tmp_path_factory.mktemp("dist")
+    shutil.copytree(REPO, source, ignore=NOT_CHECKED_OUT)
+    build = subprocess.run([PYTHON, "-m", "build", "--no-isolation", "--outdir", str(out), str(source)],
                            capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
     (wheel,), (sdist,) = out.glob("ft_plugins-*.whl"), out.glob("ft_plugins-*.tar.gz")
@@ -73,7 +79,7 @@ def test_the_installed_package_is_a_whole_install_and_not_the_tree() -> None:
 
     installed = {str(path) for path in importlib.metadata.files("ft-plugins") or ()}
     assert sorted(shipped_from_the_tree() - installed) == []
-    assert not Path(ft_plugins.__file__).resolve().is_relative_to(REPO)
+    assert Path(ft_plugins.__file__).resolve().parent != PACKAGE
 
 
 def test_a_process_the_tests_start_imports_the_installed_package() -> None:
@@ -81,8 +87,8 @@ def test_a_process_the_tests_start_imports_the_installed_package() -> None:
     child = subprocess.run([PYTHON, "-c", "import ft_plugins; print(ft_plugins.__file__)"], capture_output=True,
                            text=True, timeout=60, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert child.returncode == 0, child.stderr
-    assert not Path(child.stdout.strip()).resolve().is_relative_to(REPO), child.stdout
-    assert not Path.cwd().resolve().is_relative_to(REPO)
+    assert Path(child.stdout.strip()).resolve().parent != PACKAGE, child.stdout
+    assert Path.cwd().resolve() != REPO
 
 
 TREE_ON_PATH = re.compile(r"(PYTHONPATH|sys\.path).*\bREPO\b|\bREPO\b.*(PYTHONPATH|sys\.path)")

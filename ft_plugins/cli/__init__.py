@@ -25,7 +25,8 @@ class _Version(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
         from ft_plugins.launch.installation import installation
 
-        parser.exit(EXIT_OK, installation().describe() + "\n")
+        print(installation().describe())
+        parser.exit(EXIT_OK)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -23,20 +23,22 @@ IMPORT_BOUND_S = 300  # MindSpore, transformers and megatron load in the child w
 _SWEEP = """
 import importlib, json, pkgutil, ft_plugins
 broken, needs, count = {}, {}, 0
-for module in pkgutil.walk_packages(ft_plugins.__path__, "ft_plugins."):
-    if module.name.rsplit(".", 1)[-1] == "__main__":
+found = pkgutil.walk_packages(ft_plugins.__path__, "ft_plugins.", onerror=lambda name: None)  # imported below
+names = ["ft_plugins", *(module.name for module in found)]
+for name in names:
+    if name.rsplit(".", 1)[-1] == "__main__":
         continue
     count += 1
     try:
-        importlib.import_module(module.name)
+        importlib.import_module(name)
     except ModuleNotFoundError as error:
         missing = error.name or ""
         if missing.split(".")[0] == "ft_plugins":
-            broken[module.name] = f"{type(error).__name__}: {error}"
+            broken[name] = f"{type(error).__name__}: {error}"
         else:
-            needs.setdefault(missing.split(".")[0], []).append(module.name)
+            needs.setdefault(missing.split(".")[0], []).append(name)
     except Exception as error:
-        broken[module.name] = f"{type(error).__name__}: {error}"
+        broken[name] = f"{type(error).__name__}: {error}"
 print(json.dumps({"count": count, "broken": broken, "needs": needs}))
 """
 
