@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ft_plugins.rank import global_rank
 from ft_plugins.runtime import Runtime, activate
 
-__all__ = ["FRAMEWORK", "checkpoint_callback", "global_rank", "runtime_for", "save_root"]
+__all__ = ["FRAMEWORK", "before_step_ends", "checkpoint_callback", "global_rank", "runtime_for", "save_root"]
 
 FRAMEWORK = "ms"
+STEP_END = "on_train_step_end"
+
+log = logging.getLogger("ft_plugins.mindspore")
 
 
 def runtime_for(feature: str, runtime: Runtime | None, options: Mapping[str, Any]) -> Runtime:
@@ -32,3 +36,43 @@ def save_root(directory: str) -> str:
     """The save directory holding every rank's checkpoints: MindFormers' CheckpointMonitor writes into ``rank_N``."""
     path = os.path.normpath(directory)
     return os.path.dirname(path) if re.fullmatch(r"rank_\d+", os.path.basename(path)) else path
+
+
+def before_step_ends(cb_params: Any, hook: Callable[[Any], None]) -> Callable[[], None]:
+    """Run ``hook(cb_params)`` at every train step end before any callback's own step end; returns the undo.
+
+    ``Model.train`` calls the step ends in list order once the train network returned (the update done), its
+    own callbacks (step sync, profiler) first: a callback listed before ours (a logger, a ModelCheckpoint
+    saving) may run for seconds before our step end. So the run's first callback is wrapped, on its instance,
+    never its class. The undo takes the wrapper off unless something replaced it since. A hook that raises
+    is logged and taken off: nothing reaches training.
+    """
+    callbacks = cb_params.get("list_callback") or []
+    if not callbacks:
+        return lambda: None
+    first = callbacks[0]
+    own = vars(first).get(STEP_END) if hasattr(first, "__dict__") else None
+    step_end = getattr(first, STEP_END)
+    name = getattr(hook, "__qualname__", repr(hook))
+
+    def undo() -> None:
+        if vars(first).get(STEP_END) is hooked:
+            if own is None:
+                del vars(first)[STEP_END]
+            else:
+                setattr(first, STEP_END, own)
+
+    def hooked(run_context: Any) -> None:
+        try:
+            hook(run_context.original_args())
+        except Exception as exc:  # never into training; the callback's own step end still runs
+            log.warning("%s before the step ends failed, taken off: %s: %s", name, type(exc).__name__, exc)
+            undo()
+        step_end(run_context)
+
+    try:
+        setattr(first, STEP_END, hooked)
+    except (AttributeError, TypeError) as exc:  # a callback with __slots__
+        log.info("%s cannot run before the step ends (%s): it runs at ft_plugins' own step end", name, exc)
+        return lambda: None
+    return undo

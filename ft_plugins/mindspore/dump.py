@@ -12,6 +12,9 @@ rate), and a watcher thread writes that copy when
   seconds (a peer lost on another node), or
 - SIGTERM arrives (a preemption, or ``ft-plugins run`` stopping msrun): written, then the process exits 143.
 
+The copy is taken once the train network returned, before any callback's step end: a step is completed when
+its update is, not when the callbacks listed before ours (a logger, a ``ModelCheckpoint`` saving) are done.
+
 The copy is written as every rank's next regular checkpoint, ``rank_N/<prefix>-<epoch>_<step>.ckpt``
 named as the run's ``ModelCheckpoint`` names its own, each file through a temporary name and a
 rename, then committed with its manifest, so resume takes it like any save. Data parallel keeps one
@@ -71,7 +74,7 @@ class Target(NamedTuple):
 
 
 class DumpEngine:
-    """Step-end host copies and the watcher that writes the last one; driven by ``TtpCallback``."""
+    """Host copies of each completed step and the watcher that writes the last one; driven by ``TtpCallback``."""
 
     def __init__(self, runtime: Runtime, ttp: Ttp) -> None:
         self.runtime = runtime
@@ -101,12 +104,22 @@ class DumpEngine:
     def step_begin(self) -> None:
         self.step_started = time.monotonic()
 
-    def step_end(self, cb_params: Any) -> None:
+    def step_completed(self, cb_params: Any) -> None:
+        """The host copy of the step whose update just finished, taken before any callback's step end
+        (:func:`~ft_plugins.mindspore.base.before_step_ends`): a slow one listed before ours would otherwise
+        leave the step before as the last completed one, and SIGTERM meanwhile would write that."""
         started = time.perf_counter()
         parameters = [(p.name, p.asnumpy().copy()) for p in cb_params.train_network.get_parameters()]
         step = cb_params.cur_step_num
         self.snapshot = Snapshot(cb_params.cur_epoch_num, step, (step - 1) % cb_params.batch_num + 1, parameters)
         self.copy_seconds += time.perf_counter() - started
+
+    def step_end(self, cb_params: Any) -> None:
+        """The step's time; its copy too where no hook took it before the step ends."""
+        taken = self.snapshot is not None and (self.snapshot.epoch, self.snapshot.step) == (
+            cb_params.cur_epoch_num, cb_params.cur_step_num)
+        if not taken:
+            self.step_completed(cb_params)
         if self.step_started is not None:
             self.durations.append(time.monotonic() - self.step_started)
         self.step_started = None

@@ -7,14 +7,14 @@ import logging
 import os
 import shutil
 import tempfile
-from typing import Any
+from typing import Any, Callable
 
 import mindspore
 from mindspore.train import Callback, RunContext
 
 from ft_plugins.features.resume import Resume
 from ft_plugins.features.ttp import Ttp
-from ft_plugins.mindspore.base import checkpoint_callback, runtime_for
+from ft_plugins.mindspore.base import before_step_ends, checkpoint_callback, runtime_for
 from ft_plugins.mindspore.dump import DumpEngine
 from ft_plugins.runtime import Runtime
 
@@ -90,6 +90,7 @@ class TtpCallback(Callback):
         self.ttp = self.runtime.running(Ttp)
         self.delegate: Any = None
         self.engine: DumpEngine | None = None
+        self.unhook: Callable[[], None] = lambda: None
         if self.ttp is not None and self.ttp.engine == "builtin":
             self.engine = DumpEngine(self.runtime, self.ttp)
         elif self.ttp is not None and not hasattr(mindspore.train, "TrainFaultTolerance"):
@@ -143,6 +144,7 @@ class TtpCallback(Callback):
         if problem is None:
             try:
                 self.engine.begin(cb_params)
+                self.unhook = before_step_ends(cb_params, self.engine.step_completed)
                 return
             except ValueError as exc:
                 problem = str(exc)
@@ -169,7 +171,9 @@ class TtpCallback(Callback):
             self.delegate = None
 
     def __exit__(self, exc_type: Any, *exc_info: object) -> None:
-        """Training raised: the built-in engine writes the last completed step before the error goes on."""
+        """Model.train leaves its callbacks' context when training ends or raises: the step-end hook comes off;
+        when it raised, the built-in engine writes the last completed step before the error goes on."""
+        self.unhook()
         if self.engine is not None and exc_type is not None and not self.engine.stopped.is_set():
             self.engine.end()
             self.engine.dump_safely(f"training raised {exc_type.__name__}")  # never hides the training error

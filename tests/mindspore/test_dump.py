@@ -133,3 +133,44 @@ def test_a_stalled_step_writes_the_last_completed_one_once(no_tft: Any, tiny: An
     tiny.model().train(2, tiny.dataset(), callbacks=[callback, tiny.checkpointing(tmp_path), Stall(6, written).callback])
     assert callback.runtime.report()["ttp"]["activity"] == f"dying-gasp checkpoints written: {written}"
     assert find_latest(tmp_path).path == str(tmp_path / "tiny-2_4.ckpt")  # the later regular saves came after it
+
+
+class Slow:
+    """A user's slow step end (a logger, a ModelCheckpoint saving): what the engine holds as completed meanwhile."""
+
+    def __init__(self, engine: Any) -> None:
+        from mindspore.train import Callback
+
+        self.engine = engine
+        self.seen: list[tuple[int, int | None, bool]] = []  # (step, the engine's completed step, same parameters)
+        self.first: Any = None  # the run's first callback, which MindSpore calls first at each step end
+
+        def step_end(_self: Any, run_context: Any) -> None:
+            cb_params = run_context.original_args()
+            self.first = cb_params.list_callback[0]
+            snapshot = engine().snapshot
+            live = [p.asnumpy() for p in cb_params.train_network.get_parameters()]
+            same = snapshot is not None and all(np.array_equal(a, b) for (_, a), b in zip(snapshot.parameters, live))
+            self.seen.append((cb_params.cur_step_num, snapshot.step if snapshot else None, same))
+            time.sleep(0.05)
+
+        self.callback = type("SlowStepEnd", (Callback,), {"on_train_step_end": step_end})()
+
+
+@pytest.mark.parametrize("entry", ["FaultTolerance", "TtpCallback"])
+@pytest.mark.parametrize("listed", ["after", "before"])
+def test_a_step_is_completed_before_any_callback_step_end_runs(no_tft: Any, tiny: Any, tmp_path: Path, entry: str,
+                                                                listed: str) -> None:
+    """SIGTERM while a slow callback listed before ours runs its step end must write that step, not the one
+    before: the engine holds the step (and its parameters) from the moment the update finished, wherever
+    ``FaultTolerance`` (or ``TtpCallback`` alone) stands in the list; the hook comes off after training."""
+    from ft_plugins.mindspore import FaultTolerance, TtpCallback
+
+    ours = FaultTolerance(features="ttp") if entry == "FaultTolerance" else TtpCallback()
+    slow = Slow(lambda: (_ttp_part(ours) if entry == "FaultTolerance" else ours).engine)
+    others = [tiny.checkpointing(tmp_path), slow.callback]
+    callbacks = [*others, ours] if listed == "after" else [ours, *others]
+    tiny.model().train(2, tiny.dataset(), callbacks=callbacks)
+    steps = list(range(1, 2 * tiny.STEPS_PER_EPOCH + 1))
+    assert slow.seen == [(step, step, True) for step in steps]
+    assert "on_train_step_end" not in vars(slow.first)

@@ -6,7 +6,8 @@ checkpoints on disk. A crash is rank 1 SIGKILLing itself right after a step ende
 SIGTERM to the launcher. The jobs form one chain, each fixture built on the one before:
 reference (MindSpore alone; msrun SIGTERMed, its orphans train on to the end) ·
 crashed (MindSpore alone, rank 1 killed after step 14) · dumped (the same with ``ttp``) ·
-preempted (relaunched with the recipe under ``ft-plugins run``, SIGTERM to it after step 19) ·
+preempted (relaunched with the recipe under ``ft-plugins run``, ``FaultTolerance`` listed after the slow step
+log, SIGTERM to it after step 19) ·
 finished (relaunched again, to the end).
 """
 
@@ -81,11 +82,13 @@ def dumped(tmp_path_factory: pytest.TempPathFactory) -> Job:
 
 @pytest.fixture(scope="module")
 def preempted(dumped: Job, tmp_path_factory: pytest.TempPathFactory) -> Job:
-    """Relaunched on the dump under ``ft-plugins run``; SIGTERM to the launcher once rank 0 ended step 19."""
+    """Relaunched on the dump under ``ft-plugins run``; SIGTERM to the launcher once rank 0 ended step 19.
+    ``FaultTolerance`` is listed last, so the signal finds each worker in the step log's slow step end, before
+    FaultTolerance's own: the step it follows is completed all the same."""
     workdir = tmp_path_factory.mktemp("preempted")
     root = _copy(dumped.root, workdir / "ckpt")
-    job = msrun_jobs.start(workdir, "recipe", job_env(FT_PLUGINS="ttp,resume", FT_TEST_SLOW=f"{STOPPED_AFTER - 1}:1"),
-                           root=root, launcher=FT_RUN)
+    env = job_env(FT_PLUGINS="ttp,resume", FT_TEST_SLOW=f"{STOPPED_AFTER - 1}:1")
+    job = msrun_jobs.start(workdir, "recipe_last", env, root=root, launcher=FT_RUN)
     msrun_jobs.wait_for_step(job, 0, STOPPED_AFTER)
     job.process.send_signal(signal.SIGTERM)
     return msrun_jobs.wait(job)
@@ -137,7 +140,8 @@ def test_sigterm_to_the_launcher_ends_every_process_after_its_dying_gasp(preempt
     last = max(preempted.steps(rank)[-1] for rank in range(WORKERS))
     assert STOPPED_AFTER <= last < NEXT_SAVE, f"SIGTERM reached the workers after the regular save of step {last}"
     epoch, step_in_epoch = (last - 1) // 8 + 1, (last - 1) % 8 + 1
-    assert _latest_step(preempted.root) == (epoch, step_in_epoch)  # the last completed step, committed
+    # the last completed step, committed, although the signal came before FaultTolerance's own step end
+    assert _latest_step(preempted.root) == (epoch, step_in_epoch)
     # both workers wrote on SIGTERM at once: every file of that step has one writer (a claim each), none left over
     marker = f"SIGTERM: dying-gasp checkpoint of step {last} written in "
     written = [path for rank in range(WORKERS) for line in preempted.log(rank).splitlines() if marker in line
