@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 from ft_plugins.processes import all_pids, status
 
@@ -74,7 +74,7 @@ def supervise(command: Sequence[str], env: Mapping[str, str], grace: float = GRA
     gasp), and SIGKILLs those still running after ``grace`` seconds. Processes the command leaves behind
     when it exits by itself get the same.
     """
-    _adopt_orphans()
+    adopt_orphans()
     received: list[int] = []
     previous = {sig: signal.signal(sig, lambda signum, _frame: received.append(signum)) for sig in STOPPING}
     try:
@@ -109,12 +109,32 @@ def supervise(command: Sequence[str], env: Mapping[str, str], grace: float = GRA
     return 128 + received[0] if received else exit_code(returncode)
 
 
-def _adopt_orphans() -> None:
-    """Become the parent of the command's orphans (Linux ``PR_SET_CHILD_SUBREAPER``); elsewhere nothing."""
+def adopt_orphans() -> bool:
+    """Become the parent of the orphans of every process below this one (Linux ``PR_SET_CHILD_SUBREAPER``),
+    which can then wait for them; False where that cannot be."""
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     except (OSError, AttributeError):
-        pass
+        return False
+
+
+def reap_adopted(keep: Collection[int] = ()) -> None:
+    """Collect the exited processes this one adopted (:func:`adopt_orphans`), but those in ``keep``, which
+    someone waits for. Adopted: in a session neither this process's nor its own (a child started here runs
+    in one of those two), so a child whose ``Popen`` will ask for its end is never taken from it."""
+    try:
+        if os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            return  # no child has exited: nothing to read in /proc
+    except ChildProcessError:
+        return
+    me, session = os.getpid(), os.getsid(0)
+    for pid, parent, exited in _processes():
+        if parent == me and exited and pid not in keep:
+            try:
+                if os.getsid(pid) not in (session, pid):
+                    os.waitpid(pid, os.WNOHANG)
+            except (ProcessLookupError, ChildProcessError):  # collected meanwhile
+                pass
 
 
 def _processes() -> list[tuple[int, int, bool]]:

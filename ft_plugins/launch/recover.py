@@ -10,6 +10,14 @@ when recovery cannot work: the store is not the agent's, a second worker fails b
 repair is done, or a generation was abandoned. Each of these is said in one line. With warm spares
 (:class:`Spares`) the new process is one the spare template (:mod:`.spare`) forked ahead, torch and
 megatron imported; torchrun holds it through :class:`Forked`, as it holds a ``Popen``.
+
+A forked worker is the template's child: the template reports its exit code. If the template dies first,
+the code must still be known exactly (a clean end is not a failure; a failure is not a clean end). A worker
+cannot report its own code: the faults recovery is for kill it by a signal, and ft_plugins' dying gasp
+leaves through ``os._exit``; only a parent learns how a process ended. So the launcher makes itself the
+subreaper of what it starts (``PR_SET_CHILD_SUBREAPER``): a dead template's spares become its children, and
+it waits for them itself. It then collects what else it adopts (a lost worker's children), which would stay
+zombies until torchrun ends.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from ft_plugins.config import RECOVERY_VAR
+from ft_plugins.launch.process import adopt_orphans, reap_adopted
 from ft_plugins.launch.spare import EXIT, READY, TOOK, Lines
 from ft_plugins.recovery import key, namespace, replacement_value
 
@@ -35,6 +44,7 @@ STORE_TIMEOUT = timedelta(seconds=30)
 PLACE = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK")
 ANSWER = 10.0  # seconds the spare template may take to hand a request to a spare (it takes milliseconds)
 WAIT_POLL = 0.05  # seconds between looks at a forked worker's end while torchrun waits for it
+REAP_EVERY = 1.0  # seconds between collections of what the launcher adopted
 
 
 class Spares:
@@ -48,13 +58,21 @@ class Spares:
         self.ended = False  # its output ended: it is gone
         self.took: list[int] = []  # pids it answered a request with, not yet handed out
         self.exits: dict[int, int] = {}  # pid of a taken spare -> exit code, as the template reported
+        self.handed: set[int] = set()  # taken spares handed to torchrun whose end is not known yet
         self._channel: socket.socket | None = None  # the template's standard input: requests out, answers in
         self._answers: Lines | None = None
+        self._next_reap = 0.0
 
     def refill(self, context: Any) -> None:
         """Start the template unless one runs."""
         self._read(0)
         if not self.count or (self.template is not None and not self.ended):
+            return
+        if self.template is None and not adopt_orphans():
+            log.warning("recover: warm spares off: this launcher cannot become the parent of a spare whose "
+                        "template died (PR_SET_CHILD_SUBREAPER), so such a worker's exit code would be lost; a "
+                        "lost rank is replaced by a fresh process")
+            self.count = 0
             return
         args = [arg for arg in context.args[0] if arg != "-u"]
         self._channel, theirs = socket.socketpair()
@@ -87,18 +105,28 @@ class Spares:
         handler = SubprocessHandler.__new__(SubprocessHandler)
         handler.proc, handler._stdout, handler._stderr, handler.local_rank_id = (Forked(self.took.pop(0), self), None,
                                                                                  None, local_rank)
+        self.handed.add(handler.proc.pid)
         return handler
 
-    def exit_code(self, pid: int, ended: bool) -> int | None:
-        """A taken spare's exit code once the template reported it; ``ended``: the process is gone (if the
-        template is gone too, no report will come: counted as a failure)."""
-        self._read(0)
-        if pid in self.exits:
-            return self.exits.pop(pid)
-        if ended and self.ended:
-            log.warning("recover: pid %d ended after its spare template; its exit code is unknown: a failure", pid)
-            return 1
-        return None
+    def exit_code(self, pid: int, template: Any) -> int | None:
+        """A taken spare's exit code once known: ``template`` (the one that forked it) reports it, or, gone
+        before it did, left the spare to this launcher, which waits for it."""
+        gone = template.poll() is not None  # first: a template gone has said all it ever will
+        self._read(0)  # a later template was started only once this one's answers were all read
+        code = self.exits.pop(pid, None)
+        if code is None and gone:
+            code = _adopted_exit(pid)
+        if code is not None:
+            self.handed.discard(pid)
+        return code
+
+    def reap(self) -> None:
+        """Collect what this launcher adopted (a dead template's waiting spares, a lost worker's children),
+        every ``REAP_EVERY`` seconds; a taken spare is left to its handle, which asks for its exit code."""
+        if self.template is None or time.monotonic() < self._next_reap:
+            return
+        self._next_reap = time.monotonic() + REAP_EVERY
+        reap_adopted(keep=self.handed)
 
     def stop(self) -> None:
         """End of the template's input: it stops its waiting spares and reports the taken ones until they end."""
@@ -130,24 +158,17 @@ class Spares:
 
 class Forked:
     """What torchrun uses of a worker's ``Popen``, for a spare the template forked: the template's child, so
-    its end is learnt from the template's report (or, the template gone, from a pidfd)."""
+    its end is learnt from the template's report (or, the template gone, by waiting for it here)."""
 
     def __init__(self, pid: int, spares: Spares) -> None:
         self.pid = pid
         self.returncode: int | None = None
         self._spares = spares
-        try:
-            self._pidfd: int | None = os.pidfd_open(pid)
-        except ProcessLookupError:  # it ended already: the template's report says how
-            self._pidfd = None
+        self._template = spares.template  # the one that forked it: a later one knows nothing of it
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            ended = self._pidfd is None or bool(select.select([self._pidfd], [], [], 0)[0])
-            self.returncode = self._spares.exit_code(self.pid, ended)
-            if self.returncode is not None and self._pidfd is not None:
-                os.close(self._pidfd)
-                self._pidfd = None
+            self.returncode = self._spares.exit_code(self.pid, self._template)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -193,6 +214,7 @@ class Supervisor:
                     self._failed(worker_group, context, local_rank, code)
             for local_rank, pid in context.pids().items():  # the agent checks its workers' pids first
                 worker_group.workers[local_rank].id = pid
+        self.spares.reap()
         result = wrapped(*args, **kwargs)
         if result.state.name != "HEALTHY" or self.refusal:
             self.spares.stop()  # the job ends or restarts as a whole: nothing left to take over
@@ -279,6 +301,18 @@ class Supervisor:
         return get_subprocess_handler(entrypoint=context.entrypoint, args=context.args[local_rank], env=env,
                                       stdout=context.stdouts[local_rank], stderr=context.stderrs[local_rank],
                                       local_rank_id=local_rank, numa_options=getattr(context, "_numa_options", None))
+
+
+def _adopted_exit(pid: int) -> int | None:
+    """The exit code of a spare whose template died before it did: adopted by this launcher, which waits for
+    it (None while it runs)."""
+    try:
+        found, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:  # not adopted: cannot be while spares run (they need adopt_orphans); said, not raised
+        log.warning("recover: pid %d outlived its spare template and is not this launcher's to wait for; its "
+                    "exit code is unknown: a failure", pid)
+        return 1
+    return os.waitstatus_to_exitcode(status) if found else None
 
 
 def _unplaced(env: dict[str, str]) -> dict[str, str]:

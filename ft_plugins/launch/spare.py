@@ -97,9 +97,7 @@ class Template:
         while reading or self.taken:
             ready = select.select([*self.taken, *([CHANNEL] if reading else [])], [], [])[0]
             for pidfd in (fd for fd in ready if fd in self.taken):
-                pid = self.taken.pop(pidfd)
-                os.close(pidfd)
-                self._say(f"{EXIT} {pid} {os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])}")
+                self._report_end(pidfd)
             if CHANNEL not in ready:
                 continue
             lines = requests.read()
@@ -112,6 +110,15 @@ class Template:
                 self.waiting.clear()
             for line in lines or ():
                 yield line + b"\n"
+
+    def _report_end(self, pidfd: int) -> None:
+        """Say a taken spare's exit code, then collect it: killed in between, the template leaves a zombie its
+        launcher adopts and waits for, never a spare whose end nobody can tell."""
+        ended = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOWAIT)
+        killed = ended.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+        self._say(f"{EXIT} {self.taken.pop(pidfd)} {-ended.si_status if killed else ended.si_status}")
+        os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
+        os.close(pidfd)
 
     def _refill(self) -> dict[str, str] | None:
         while len(self.waiting) < self.count:

@@ -6,6 +6,7 @@ one's end; the launcher's handle of a forked worker learns that end as torchrun 
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -19,8 +20,12 @@ from typing import Any
 
 import pytest
 
+from ft_plugins.launch.process import reap_adopted
 from ft_plugins.launch.recover import Spares, Supervisor
+from ft_plugins.processes import status
 from ft_plugins.recovery import key
+
+PR_SET_CHILD_SUBREAPER = 36
 
 WORKER = """import gc, json, os, sys, time
 print(json.dumps({"frozen": gc.get_freeze_count(), "rank": os.environ["RANK"], "argv": sys.argv, "pid": os.getpid(),
@@ -65,6 +70,9 @@ class CountingSpares:
         self.refills += 1
 
     def stop(self) -> None:
+        pass
+
+    def reap(self) -> None:
         pass
 
 
@@ -151,20 +159,36 @@ def _spares_of(worker: Path) -> list[int]:
     return found
 
 
-def _ready_spares(tmp_path: Path, worker: Path, **env: str) -> Spares:
-    """The launcher's side (:class:`Spares`) with a torchrun-like context whose entrypoint runs the template
-    without torch's imports, once the template said it is ready."""
+@pytest.fixture(autouse=True)
+def adoptions_undone() -> Any:
+    """The launcher's side makes this process the subreaper of what it starts (as torchrun is): undone after
+    each test, what it adopted collected."""
+    yield
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+    reap_adopted()
+
+
+def _context(tmp_path: Path, worker: Path, **env: str) -> SimpleNamespace:
+    """A torchrun-like context whose entrypoint runs the template without torch's imports."""
     entrypoint = tmp_path / "python"
     entrypoint.write_text(f"#!/bin/sh\nshift 3\nexec {sys.executable} -c \"{TEMPLATE}\" \"$@\"\n")
     entrypoint.chmod(0o755)
-    context = SimpleNamespace(entrypoint=str(entrypoint), args={0: (str(worker),)}, envs={0: {"RANK": "0", **env}})
-    spares = Spares(1)
+    return SimpleNamespace(entrypoint=str(entrypoint), args={0: (str(worker),)}, envs={0: {"RANK": "0", **env}})
+
+
+def _ready(spares: Spares, context: SimpleNamespace) -> Spares:
+    """``spares`` with its template started from ``context``, once it said it is ready."""
     spares.refill(context)
     deadline = time.monotonic() + 60
     while not spares.ready and time.monotonic() < deadline:
         spares._read(0.1)
     assert spares.ready
     return spares
+
+
+def _ready_spares(tmp_path: Path, worker: Path, **env: str) -> Spares:
+    """The launcher's side (:class:`Spares`) with its template ready."""
+    return _ready(Spares(1), _context(tmp_path, worker, **env))
 
 
 @pytest.fixture
@@ -205,18 +229,39 @@ def test_the_launcher_learns_a_forked_workers_end_as_torchrun_asks(launcher: Spa
     assert launcher.template.wait(timeout=30) == 0
 
 
-def test_a_template_gone_leaves_its_workers_end_known_as_a_failure(launcher: Spares) -> None:
-    worker = launcher.take({"RANK": "2", "HOLD": "60"}, 2)
+def test_a_template_gone_leaves_its_workers_exit_codes_known_exactly(tmp_path: Path, worker: Path,
+                                                                     launcher: Spares) -> None:
+    clean = launcher.take({"RANK": "2", "HOLD": "2"}, 2)  # ends by itself, code 0, after its template
+    killed = launcher.take({"RANK": "3", "HOLD": "60"}, 3)
+    first = launcher.template
+    first.kill()
+    first.wait(timeout=30)
+    assert clean.proc.poll() is None and killed.proc.poll() is None  # still training
+    assert clean.proc.wait(timeout=30) == 0  # a clean end stays clean, the template gone or not
+    _ready(launcher, _context(tmp_path, worker))  # the next round's refill: a template in the first one's place
+    assert launcher.template is not first
+    killed.close(signal.SIGKILL)
+    assert killed.proc.wait(timeout=30) == -signal.SIGKILL  # learnt although the new template knows nothing of it
+    assert launcher.take({"RANK": "2", "CODE": "4"}, 2).proc.wait(timeout=30) == 4  # the new template's
+
+
+def test_what_a_dead_template_leaves_is_collected(launcher: Spares, worker: Path) -> None:
+    taken = launcher.take({"RANK": "2", "HOLD": "60"}, 2)
+    deadline, waiting = time.monotonic() + 30, []
+    while len(waiting) != 1 and time.monotonic() < deadline:  # the one forked in the taken one's place
+        waiting = [pid for pid in _spares_of(worker) if pid not in (taken.proc.pid, launcher.template.pid)]
+    assert len(waiting) == 1
     launcher.template.kill()
     launcher.template.wait(timeout=30)
-    assert worker.proc.poll() is None  # still training
     deadline = time.monotonic() + 30
-    while _spares_of(Path(launcher.template.args[-1])) != [worker.proc.pid] and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _spares_of(Path(launcher.template.args[-1])) == [worker.proc.pid], "the waiting spare saw the end"
-    worker.close(signal.SIGKILL)
-    assert worker.proc.wait(timeout=30) == 1  # its code went with the template: a failure, said in a line
-    assert launcher.take({"RANK": "2"}, 2) is None  # no template: a fresh process takes over
+    while status(waiting[0]) != (True, os.getpid()) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the waiting spare saw its template's end: exited, adopted by the launcher
+    assert status(waiting[0]) == (True, os.getpid())
+    launcher.reap()
+    assert status(waiting[0]) is None, "collected"
+    assert status(taken.proc.pid) == (False, os.getpid()), "a taken one is left to its handle"
+    taken.close(signal.SIGKILL)
+    assert taken.proc.wait(timeout=30) == -signal.SIGKILL
 
 
 def test_a_wedged_template_is_stopped_and_a_fresh_process_takes_over(launcher: Spares,
