@@ -125,6 +125,7 @@ def activate(
         feature = feature_cls(framework, cfg.options[name])
         feature.requested = bool(wanted)
         try:
+            _check_requirements(feature_cls, runtime)
             found = feature.start()
         except VendorUnavailable as exc:
             if wanted and cfg.strict:
@@ -137,6 +138,15 @@ def activate(
     if announce:
         _announce(runtime)
     return runtime
+
+
+def _check_requirements(feature_cls: type[Feature], runtime: Runtime) -> None:
+    """VendorUnavailable naming the first feature ``feature_cls`` works on top of that is not running."""
+    for needed in feature_cls.requires:
+        if needed not in runtime.features:
+            status = runtime.statuses.get(needed)
+            why = status.reason if status is not None else "not started"
+            raise VendorUnavailable(f"it needs {needed}, which is off ({why}): FT_PLUGINS={feature_cls.name},{needed}")
 
 
 _said: set[tuple[str, FeatureStatus]] = set()  # (framework, status) this process has logged

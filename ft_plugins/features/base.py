@@ -19,6 +19,9 @@ class Feature:
     name: ClassVar[str]
     summary: ClassVar[str]
     options: ClassVar[tuple[Option, ...]] = ()
+    # features this one works on top of: where one is off, this one is off too, decided at activation, so that
+    # every process of a job (the launcher's included) reaches the same answer
+    requires: ClassVar[tuple[str, ...]] = ()
     requested = False  # asked for by name or ``all`` (set before ``start``), not merely found under ``auto``
 
     def __init__(self, framework: str, options: Mapping[str, Any]) -> None:

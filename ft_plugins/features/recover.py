@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from ft_plugins.config import Option
 from ft_plugins.features.base import Feature
-from ft_plugins.recovery import DEFAULT_TIMEOUT
 from ft_plugins.vendors import VendorUnavailable
+
+DEFAULT_TIMEOUT = 180.0  # seconds, as MindIO's TTP_NORMAL_ACTION_TIME_LIMIT
 
 
 def _seconds(raw: str) -> float:
@@ -32,6 +33,7 @@ def _count(raw: str) -> int:
 
 class Recover(Feature):
     name = "recover"
+    requires = ("ttp",)  # its step tracking and, when recovery cannot work, its dump
     summary = "in-place recovery: a lost rank is replaced while the others keep running (falls back to ttp's dump)"
     options = (
         Option("timeout", DEFAULT_TIMEOUT, "seconds the survivors wait for a replacement to join before the dump",

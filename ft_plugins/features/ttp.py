@@ -105,22 +105,33 @@ class Ttp(Feature):
                   "nothing else wires a dump" if os.environ.get(HIGH_AVAILABILITY_VAR, "").strip() else "")
         wanted = self.settings["engine"]
         mindio = importlib.util.find_spec("mindio_ttp") is not None
+        unconfigured = ""
         if wanted == "mindio" or (wanted == "auto" and mindio):
-            if not mindio:
-                raise VendorUnavailable("engine mindio asked for, but MindIO TTP is not installed "
-                                        "(install the mindio_ttp wheel shipped with MindCluster, or use "
-                                        "FT_PLUGINS_TTP_ENGINE=builtin)")
-            self.where = endpoint(os.environ, self.settings["addr"], self.settings["port"], self.settings["tls_info"])
-            self.engine = "mindio"
-            why = "asked for" if wanted == "mindio" else "mindio_ttp is installed"
-            return (f"engine mindio ({why}): MindIO TTP controller {self.where.controller}:{self.where.port}, "
-                    f"TLS {'on' if self.where.tls_info else 'off'}{unread}")
+            try:
+                return self._start_mindio(wanted, mindio) + unread
+            except VendorUnavailable as exc:
+                if wanted == "mindio":
+                    raise
+                # it would fail at start: the built-in engine serves, the launcher and the workers deciding alike
+                unconfigured = (f"MindIO TTP is installed but not configured: {exc}; FT_PLUGINS_TTP_ENGINE=mindio "
+                                "insists on it")
         if not self.requested:
-            raise VendorUnavailable("MindIO TTP is not installed, and the built-in engine runs only when ttp is "
-                                    "asked for (FT_PLUGINS=ttp,... or all): it takes over SIGTERM and exit codes")
+            raise VendorUnavailable(f"{unconfigured or 'MindIO TTP is not installed'}, and the built-in engine runs "
+                                    "only when ttp is asked for (FT_PLUGINS=ttp,... or all): it takes over SIGTERM "
+                                    "and exit codes")
         self.engine = "builtin"
-        why = "asked for" if wanted == "builtin" else "MindIO TTP is not installed"
+        why = "asked for" if wanted == "builtin" else unconfigured or "MindIO TTP is not installed"
         return f"engine builtin ({why}): dump on a fatal error or SIGTERM{unread}"
+
+    def _start_mindio(self, wanted: str, installed: bool) -> str:
+        if not installed:
+            raise VendorUnavailable("engine mindio asked for, but MindIO TTP is not installed (install the mindio_ttp "
+                                    "wheel shipped with MindCluster, or use FT_PLUGINS_TTP_ENGINE=builtin)")
+        self.where = endpoint(os.environ, self.settings["addr"], self.settings["port"], self.settings["tls_info"])
+        self.engine = "mindio"
+        why = "asked for" if wanted == "mindio" else "mindio_ttp is installed"
+        return (f"engine mindio ({why}): MindIO TTP controller {self.where.controller}:{self.where.port}, "
+                f"TLS {'on' if self.where.tls_info else 'off'}")
 
     def activity(self) -> str:
         return f"dying-gasp checkpoints written: {', '.join(self.saves)}" if self.saves else "no dying-gasp save"

@@ -55,12 +55,8 @@ class MegatronIntegration:
                 patches.append(Patch(CHECKPOINTING, "save_checkpoint", self._save_checkpoint))
             self._add("mstx", *patches)
         resume = runtime.running(Resume)
-        if resume is not None:
-            from ft_plugins.torch.resume import MegatronResume
-
-            glue = MegatronResume(resume)
-            self._add("resume", Patch(CHECKPOINTING, "load_checkpoint", glue.load_checkpoint),
-                      Patch(CHECKPOINTING, "save_checkpoint", glue.save_checkpoint))
+        if resume is not None:  # its glue imported with megatron's checkpointing, not in every process
+            self.patch_sets.append(PatchSet("resume", lambda: _resume_patches(resume), self._missing, (CHECKPOINTING,)))
         if os.environ.get(INJECT_VAR, "").strip():
             from ft_plugins.torch.drill import FaultDrill
 
@@ -76,9 +72,6 @@ class MegatronIntegration:
             glue = MegatronTtp(ttp, runtime.config.strict)
             self._recover(glue)  # inside ttp's step hook: a recovered step never reaches ttp's dump
             self._add("ttp", *glue.patches())
-        if runtime.running(Recover) is not None and (ttp is None or getattr(ttp, "engine", None) is None):
-            runtime.disable("recover", "it needs ttp's built-in engine (FT_PLUGINS=recover,ttp): its step tracking, "
-                            "and its dump when recovery cannot work")
 
     def _recover(self, ttp: Any) -> None:
         """``recover`` on ttp's engine: the built-in one's protocol, or MindIO's handlers (its step tracker, its
@@ -157,3 +150,11 @@ class MegatronIntegration:
             return wrapped(*args, **kwargs)
         finally:
             self._mstx.end(handle)
+
+
+def _resume_patches(resume: Resume) -> tuple[Patch, ...]:
+    from ft_plugins.torch.resume import MegatronResume
+
+    glue = MegatronResume(resume)
+    return (Patch(CHECKPOINTING, "load_checkpoint", glue.load_checkpoint),
+            Patch(CHECKPOINTING, "save_checkpoint", glue.save_checkpoint))

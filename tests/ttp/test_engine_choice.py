@@ -87,12 +87,44 @@ def test_mindio_addresses_port_and_tls_from_options(clean: pytest.MonkeyPatch) -
     assert enabled and reason.endswith("MindIO TTP controller 10.0.0.9:8100, TLS on")
 
 
-def test_mindio_without_an_address_says_which_variable(clean: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def mindio_unconfigured(clean: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """MindIO installed, no controller address: a node where nothing set MindIO up for this job."""
     clean.syspath_prepend(str(FAKES))
     for name in ("TTP_ADDR", "CONTROLLER_ADDR", "PROCESSOR_ADDR"):
         clean.delenv(name, raising=False)
-    enabled, reason, _ = _ttp({"FT_PLUGINS": "ttp"})
-    assert not enabled and "no MindIO controller address: set TTP_ADDR" in reason
+    return clean
+
+
+@pytest.mark.parametrize("selection", ["ttp", "all"])
+def test_mindio_installed_but_not_configured_runs_the_builtin_engine_and_says_what_would_switch_mindio_on(
+        mindio_unconfigured: pytest.MonkeyPatch, selection: str) -> None:
+    enabled, reason, engine = _ttp({"FT_PLUGINS": selection})
+    assert (enabled, engine) == (True, "builtin")
+    assert reason.startswith("engine builtin (MindIO TTP is installed but not configured: no MindIO controller "
+                             "address: set TTP_ADDR")
+    assert "FT_PLUGINS_TTP_ENGINE=mindio insists on it" in reason
+
+
+def test_only_the_mindio_engine_option_insists_on_mindio(mindio_unconfigured: pytest.MonkeyPatch) -> None:
+    enabled, reason, _ = _ttp({"FT_PLUGINS": "ttp", "FT_PLUGINS_TTP_ENGINE": "mindio"})
+    assert not enabled and reason.startswith("no MindIO controller address: set TTP_ADDR")
+    enabled, reason, _ = _ttp({})  # auto never turns the built-in engine on
+    assert not enabled and reason.startswith("MindIO TTP is installed but not configured: no MindIO controller")
+
+
+@pytest.mark.parametrize(("selection", "recover_on"), [("all", True), ("recover,ttp", True), ("recover", False)])
+def test_recover_is_decided_with_ttp_in_every_process(mindio_unconfigured: pytest.MonkeyPatch, selection: str,
+                                                      recover_on: bool) -> None:
+    """One decision for the launcher and the workers: recover is on exactly where ttp runs, in activation
+    itself (the launcher activates the same features before it switches torchrun to in-place mode)."""
+    runtime = activate("pt", env={"FT_PLUGINS": selection})
+    recover = runtime.statuses["recover"]
+    runtime.stop()
+    assert recover.enabled is recover_on
+    if not recover_on:
+        assert recover.reason == ("it needs ttp, which is off (switched off (not in the selected features)): "
+                                  "FT_PLUGINS=recover,ttp")
 
 
 @pytest.mark.parametrize(("setting", "named"), [
