@@ -28,9 +28,10 @@ import os
 import select
 import socket
 import subprocess
+import sys
 import time
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ft_plugins.config import RECOVERY_VAR
 from ft_plugins.launch.process import adopt_orphans, reap_adopted
@@ -64,22 +65,23 @@ class Spares:
         self._next_reap = 0.0
 
     def refill(self, context: Any) -> None:
-        """Start the template unless one runs."""
+        """Start the template unless one runs; before the first, whether spares can be had (if not, said once)."""
         self._read(0)
         if not self.count or (self.template is not None and not self.ended):
             return
-        if self.template is None and not adopt_orphans():
-            log.warning("recover: warm spares off: this launcher cannot become the parent of a spare whose "
-                        "template died (PR_SET_CHILD_SUBREAPER), so such a worker's exit code would be lost; a "
-                        "lost rank is replaced by a fresh process")
+        command = _python_command(context.entrypoint, context.args[0])
+        why_not = _why_no_spares(context.entrypoint, command) if self.template is None else ""
+        if why_not:
+            log.warning("recover: warm spares off for this job: %s; a lost rank is replaced by a fresh process",
+                        why_not)
             self.count = 0
             return
-        args = [arg for arg in context.args[0] if arg != "-u"]
         self._channel, theirs = socket.socketpair()
         with theirs:  # a channel of its own: what the template's imports print goes to the console, never here
             self.template = subprocess.Popen([context.entrypoint, "-u", "-m", "ft_plugins.launch.spare",
-                                              str(self.count), *args], env=_unplaced({**os.environ, **context.envs[0]}),
-                                             stdin=theirs, start_new_session=True)
+                                              str(self.count), *command],
+                                             env=_unplaced({**os.environ, **context.envs[0]}), stdin=theirs,
+                                             start_new_session=True)
         self.ready = self.ended = False
         self.took, self._answers = [], Lines(self._channel.fileno())
 
@@ -301,6 +303,25 @@ class Supervisor:
         return get_subprocess_handler(entrypoint=context.entrypoint, args=context.args[local_rank], env=env,
                                       stdout=context.stdouts[local_rank], stderr=context.stderrs[local_rank],
                                       local_rank_id=local_rank, numa_options=getattr(context, "_numa_options", None))
+
+
+def _python_command(entrypoint: str, args: Sequence[str]) -> list[str] | None:
+    """What torchrun has its Python run (``SCRIPT ARGS`` or ``-m MODULE ARGS``: its command is ``PYTHON -u``
+    and that), or None for a command it runs without Python (``--no-python``)."""
+    if entrypoint != os.getenv("PYTHON_EXEC", sys.executable) or list(args[:1]) != ["-u"]:
+        return None
+    return [str(arg) for arg in args[1:]]
+
+
+def _why_no_spares(entrypoint: str, command: list[str] | None) -> str:
+    """Why this job cannot have warm spares ("" when it can)."""
+    if command is None:
+        return (f"torchrun runs the workers' command ({entrypoint}) without Python (--no-python), and a spare "
+                "can stand in only for a Python script or module")
+    if not adopt_orphans():
+        return ("this launcher cannot become the parent of a spare whose template died (PR_SET_CHILD_SUBREAPER), "
+                "so such a worker's exit code would be lost")
+    return ""
 
 
 def _adopted_exit(pid: int) -> int | None:

@@ -2,17 +2,19 @@
 and megatron imported, waiting to take over a lost rank.
 
     python -u -m ft_plugins.launch.spare N SCRIPT ARGS...
+    python -u -m ft_plugins.launch.spare N -m MODULE ARGS...
 
 The launcher (:mod:`ft_plugins.launch.recover`) starts one such process per node, the template, with a
 worker's environment and command, and a socket as its standard input: the launcher's requests come in on
 it and the template's answers go out on it, so that nothing the imports (or anything else) print on the
 standard output ever reads as an answer. Once imported, the template forks ``N`` spares and answers
 ``ready``. Each request is a lost worker's environment as JSON, one line: the oldest waiting spare takes it
-(ft_plugins turned on again with that environment, ``SCRIPT`` run as the lost worker would have; each spare
-has a process group of its own) and the template answers ``took PID``, then forks a spare in its place. A
-fork of the imported template costs ~10 ms; starting a spare anew cost 2-3 CPU seconds of imports, taken
-from the ranks training on the same cores. A taken spare is the template's child, not the launcher's: the
-template reports its end as ``exit PID CODE``. End of input, or the template killed: the waiting spares exit.
+(ft_plugins turned on again with that environment, ``SCRIPT`` or ``MODULE`` run as ``python -u`` runs it for
+the lost worker; each spare has a process group of its own) and the template answers ``took PID``, then
+forks a spare in its place. A fork of the imported template costs ~10 ms; starting a spare anew cost 2-3 CPU
+seconds of imports, taken from the ranks training on the same cores. A taken spare is the template's child,
+not the launcher's: the template reports its end as ``exit PID CODE``. End of input, or the template killed:
+the waiting spares exit. A command torchrun runs without Python (``--no-python``) gets no spares.
 
 What the imports made is moved out of the collector's reach (``gc.freeze``) before the forks: the
 400,000 objects of torch and megatron stay for the process's life, every full collection of a take-over
@@ -164,14 +166,24 @@ def _own_group(pid: int) -> None:
         pass
 
 
-def take_over(environment: dict[str, str], argv: list[str]) -> None:
-    """Become the lost worker: its environment, ft_plugins' hooks configured by it, its script."""
+def take_over(environment: dict[str, str], command: list[str]) -> None:
+    """Become the lost worker: its environment, ft_plugins' hooks configured by it, its command."""
     os.environ.update(environment)
     glue = sys.modules.get("ft_plugins.torch")
     if glue is not None:
         glue.enable()  # the lost worker's configuration and place in the recovery; its lines name that rank
-    sys.argv = argv
-    runpy.run_path(argv[0], run_name="__main__")
+    _run_as_main(command)
+
+
+def _run_as_main(command: list[str]) -> None:
+    """Run ``-m MODULE ARGS`` or ``SCRIPT ARGS`` as ``python`` runs it: as ``__main__``, ``sys.argv[0]`` its
+    file, the path's first entry the working folder or the script's (its siblings import as they would)."""
+    if command[0] == "-m":
+        sys.argv, sys.path[0] = command[1:], os.getcwd()  # run_module puts the module's file in sys.argv[0]
+        runpy.run_module(command[1], run_name="__main__", alter_sys=True)
+        return
+    sys.argv, sys.path[0] = command, os.path.dirname(os.path.realpath(command[0]))
+    runpy.run_path(command[0], run_name="__main__")
 
 
 def main() -> None:

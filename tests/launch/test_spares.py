@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import os
 import signal
 import socket
@@ -29,7 +30,8 @@ PR_SET_CHILD_SUBREAPER = 36
 
 WORKER = """import gc, json, os, sys, time
 print(json.dumps({"frozen": gc.get_freeze_count(), "rank": os.environ["RANK"], "argv": sys.argv, "pid": os.getpid(),
-                  "group": os.getpgid(0), "stdin": sys.stdin.read()}), flush=True)
+                  "group": os.getpgid(0), "stdin": sys.stdin.read(), "name": __name__, "path0": sys.path[0]}),
+      flush=True)
 time.sleep(float(os.environ.get("HOLD", "0")))
 sys.exit(int(os.environ.get("CODE", "0")))
 """
@@ -160,6 +162,12 @@ def _spares_of(worker: Path) -> list[int]:
 
 
 @pytest.fixture(autouse=True)
+def python_exec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The entrypoint :func:`_context` writes is the Python torchrun runs its workers with."""
+    monkeypatch.setenv("PYTHON_EXEC", str(tmp_path / "python"))
+
+
+@pytest.fixture(autouse=True)
 def adoptions_undone() -> Any:
     """The launcher's side makes this process the subreaper of what it starts (as torchrun is): undone after
     each test, what it adopted collected."""
@@ -168,12 +176,13 @@ def adoptions_undone() -> Any:
     reap_adopted()
 
 
-def _context(tmp_path: Path, worker: Path, **env: str) -> SimpleNamespace:
-    """A torchrun-like context whose entrypoint runs the template without torch's imports."""
+def _context(tmp_path: Path, *command: str, **env: str) -> SimpleNamespace:
+    """A torchrun-like context running ``python -u COMMAND``, whose entrypoint runs the template without torch's
+    imports."""
     entrypoint = tmp_path / "python"
     entrypoint.write_text(f"#!/bin/sh\nshift 3\nexec {sys.executable} -c \"{TEMPLATE}\" \"$@\"\n")
     entrypoint.chmod(0o755)
-    return SimpleNamespace(entrypoint=str(entrypoint), args={0: (str(worker),)}, envs={0: {"RANK": "0", **env}})
+    return SimpleNamespace(entrypoint=str(entrypoint), args={0: ("-u", *command)}, envs={0: {"RANK": "0", **env}})
 
 
 def _ready(spares: Spares, context: SimpleNamespace) -> Spares:
@@ -188,7 +197,7 @@ def _ready(spares: Spares, context: SimpleNamespace) -> Spares:
 
 def _ready_spares(tmp_path: Path, worker: Path, **env: str) -> Spares:
     """The launcher's side (:class:`Spares`) with its template ready."""
-    return _ready(Spares(1), _context(tmp_path, worker, **env))
+    return _ready(Spares(1), _context(tmp_path, str(worker), **env))
 
 
 @pytest.fixture
@@ -238,7 +247,7 @@ def test_a_template_gone_leaves_its_workers_exit_codes_known_exactly(tmp_path: P
     first.wait(timeout=30)
     assert clean.proc.poll() is None and killed.proc.poll() is None  # still training
     assert clean.proc.wait(timeout=30) == 0  # a clean end stays clean, the template gone or not
-    _ready(launcher, _context(tmp_path, worker))  # the next round's refill: a template in the first one's place
+    _ready(launcher, _context(tmp_path, str(worker)))  # the next round's refill: a template in the first one's place
     assert launcher.template is not first
     killed.close(signal.SIGKILL)
     assert killed.proc.wait(timeout=30) == -signal.SIGKILL  # learnt although the new template knows nothing of it
@@ -262,6 +271,42 @@ def test_what_a_dead_template_leaves_is_collected(launcher: Spares, worker: Path
     assert status(taken.proc.pid) == (False, os.getpid()), "a taken one is left to its handle"
     taken.close(signal.SIGKILL)
     assert taken.proc.wait(timeout=30) == -signal.SIGKILL
+
+
+def test_a_spare_runs_a_module_as_torchrun_module_does(tmp_path: Path, worker: Path,
+                                                        capfd: pytest.CaptureFixture[str]) -> None:
+    spares = _ready(Spares(1), _context(tmp_path, "-m", "worker", "-u", PYTHONPATH=str(tmp_path)))
+    try:
+        assert spares.take({"RANK": "2", "CODE": "6"}, 2).proc.wait(timeout=30) == 6
+    finally:
+        spares.stop()
+        spares.template.wait(timeout=30)
+    seen = json.loads(next(line for line in capfd.readouterr().out.splitlines() if line.startswith("{")))
+    assert seen["name"] == "__main__" and seen["argv"] == [str(worker), "-u"]  # the script's own -u stays
+    assert seen["path0"] == os.getcwd()  # as `python -m` puts it
+
+
+def test_a_spare_runs_a_script_with_its_folder_first_on_the_path(tmp_path: Path, worker: Path,
+                                                                 capfd: pytest.CaptureFixture[str]) -> None:
+    spares = _ready_spares(tmp_path, worker)
+    try:
+        assert spares.take({"RANK": "2"}, 2).proc.wait(timeout=30) == 0
+    finally:
+        spares.stop()
+        spares.template.wait(timeout=30)
+    seen = json.loads(next(line for line in capfd.readouterr().out.splitlines() if line.startswith("{")))
+    assert seen["argv"] == [str(worker)] and seen["path0"] == str(worker.parent)  # as `python SCRIPT` puts it
+
+
+def test_a_command_torchrun_runs_without_python_gets_no_spares_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    context = SimpleNamespace(entrypoint="/bin/bash", args={0: ("-u", "train.sh")}, envs={0: {"RANK": "0"}})
+    spares = Spares(1)  # torchrun --no-python /bin/bash -u train.sh
+    with caplog.at_level(logging.WARNING, logger="ft_plugins.recover"):
+        spares.refill(context)
+        spares.refill(context)
+    assert spares.template is None and spares.take({"RANK": "1"}, 1) is None
+    said = [record.getMessage() for record in caplog.records]
+    assert len(said) == 1 and "warm spares off" in said[0] and "/bin/bash" in said[0], said
 
 
 def test_a_wedged_template_is_stopped_and_a_fresh_process_takes_over(launcher: Spares,
