@@ -28,6 +28,7 @@ _COMMITTED_LOOKBACK = 3
 class Skipped:
     path: str
     reason: str
+    unfinished: bool = False  # a save that never finished: never a reason to refuse a start
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,7 @@ def find_latest(directory: str | os.PathLike[str], format: str = "auto", rank: i
         if not problems:
             chosen = layout.details(candidate)
             return Selection(chosen.path, chosen.iteration, layout.name, skipped, chosen.epoch, chosen.step)
-        skipped.append(Skipped(candidate.path, "; ".join(problems)))
+        skipped.append(Skipped(candidate.path, "; ".join(problems), candidate.unfinished))
     return Selection(None, None, layout.name, skipped)
 
 

@@ -47,7 +47,8 @@ class Resume(Feature):
 
     def choose(self, directory: str, format: str = "auto", rank: int | None = None) -> Selection:
         """The checkpoint to resume from, logging every skipped one; raises NoIntactCheckpoint when
-        checkpoints exist, none is intact and ``allow_scratch`` is off."""
+        checkpoints exist, none is intact and ``allow_scratch`` is off. Saves that never finished (a dying-gasp
+        dump cut short) are not checkpoints: alone, they leave the job to start as it would without one."""
         from ft_plugins.checkpoint.select import find_latest
 
         selection = find_latest(directory, format, rank=rank, deep=self.settings["deep"])
@@ -60,14 +61,19 @@ class Resume(Feature):
                 log.warning("resume: using %s instead", selection.path)
             else:
                 log.info("resume: newest checkpoint %s is intact", selection.path)
-        elif selection.skipped:
-            if not self.settings["allow_scratch"]:
-                names = ", ".join(os.path.basename(skipped.path) for skipped in selection.skipped[:5])
-                more = f" and {len(selection.skipped) - 5} more" if len(selection.skipped) > 5 else ""
-                raise NoIntactCheckpoint(
-                    f"{directory} holds checkpoints but none is intact (skipped {names}{more}: rank 0 logs why); "
-                    "fix or remove them, or set FT_PLUGINS_RESUME_ALLOW_SCRATCH=1 to start from scratch",
-                    [(skipped.path, skipped.reason) for skipped in selection.skipped])
+        elif all(skipped.unfinished for skipped in selection.skipped):
+            if selection.skipped:  # a dump cut short, say by the launcher's SIGKILL: no checkpoint was ever made
+                log.warning("resume: %s holds no checkpoint, only saves that never finished (%s); starting as the "
+                            "job would without one", directory,
+                            ", ".join(os.path.basename(skipped.path) for skipped in selection.skipped))
+        elif not self.settings["allow_scratch"]:
+            names = ", ".join(os.path.basename(skipped.path) for skipped in selection.skipped[:5])
+            more = f" and {len(selection.skipped) - 5} more" if len(selection.skipped) > 5 else ""
+            raise NoIntactCheckpoint(
+                f"{directory} holds checkpoints but none is intact (skipped {names}{more}: rank 0 logs why); "
+                "fix or remove them, or set FT_PLUGINS_RESUME_ALLOW_SCRATCH=1 to start from scratch",
+                [(skipped.path, skipped.reason) for skipped in selection.skipped])
+        else:
             log.warning("resume: no intact checkpoint in %s; starting from scratch (allow_scratch is on)",
                         directory)
         return selection

@@ -147,3 +147,45 @@ def test_a_file_the_record_names_but_missing_is_never_committed(tmp_path: Path) 
 ])
 def test_coverage_rule(holders: dict, missing: list) -> None:
     assert uncovered(["b", "a"], holders) == missing
+
+
+def _resume() -> "Resume":
+    from ft_plugins.features.resume import Resume
+
+    feature = Resume("pt", {option.name: option.default for option in Resume.options})
+    feature.start()
+    return feature
+
+
+def test_a_dump_cut_short_alone_never_stops_a_start(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The launcher's SIGKILL cut the only save short: no checkpoint was ever made, so the job starts as it
+    would without one, and says which dump it passed over."""
+    _part(tmp_path, "mp_rank_00", 5)  # mp_rank_01's writer was killed before it wrote
+    with caplog.at_level("WARNING", logger="ft_plugins"):
+        selection = _resume().choose(str(tmp_path))
+    assert selection.path is None and [s.unfinished for s in selection.skipped] == [True]
+    said = [record.getMessage() for record in caplog.records]
+    assert any("iter_0000005_tmp: dying-gasp dump never committed: shard mp_rank_01 missing" in line for line in said)
+    assert any(line.endswith("only saves that never finished (iter_0000005_tmp); starting as the job would "
+                             "without one") for line in said), said
+
+
+def test_a_dump_cut_short_beside_a_periodic_save_resumes_from_the_save(tmp_path: Path) -> None:
+    for shard in SHARDS:
+        _part(tmp_path, shard, 2)
+    assert commit_dump(str(tmp_path), 2).committed
+    _part(tmp_path, "mp_rank_00", 5)
+    selection = _resume().choose(str(tmp_path))
+    assert selection.iteration == 2 and [Path(s.path).name for s in selection.skipped] == ["iter_0000005_tmp"]
+
+
+def test_a_broken_checkpoint_beside_a_dump_cut_short_still_stops_the_start(tmp_path: Path) -> None:
+    from ft_plugins.features.resume import NoIntactCheckpoint
+
+    for shard in SHARDS:
+        _part(tmp_path, shard, 2)
+    assert commit_dump(str(tmp_path), 2).committed
+    (tmp_path / "iter_0000002" / "mp_rank_01" / "model_optim_rng.pt").write_bytes(b"")  # a real save, damaged
+    _part(tmp_path, "mp_rank_00", 5)
+    with pytest.raises(NoIntactCheckpoint, match="none is intact"):
+        _resume().choose(str(tmp_path))

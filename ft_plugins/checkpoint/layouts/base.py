@@ -29,6 +29,8 @@ class Candidate:
     epoch: int | None = None
     step: int | None = None
     rejected: str | None = None
+    # a save that never finished (a dump in progress, a tmp-checkpoint never renamed): not a checkpoint at all
+    unfinished: bool = False
     manifests: list[tuple[str, str]] = field(default_factory=list)  # (manifest, directory its paths are relative to)
     rank_files: dict[int, str] = field(default_factory=dict)
 

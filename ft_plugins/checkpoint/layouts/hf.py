@@ -32,6 +32,7 @@ class HuggingFace(Layout):
                                       manifests=manifest_inside(entry.path))
                 if temporary:
                     candidate.rejected = "save still in progress (tmp-checkpoint-N never renamed)"
+                    candidate.unfinished = True
                 scan.candidates.append(candidate)
         scan.candidates.sort(key=lambda c: c.key, reverse=True)
         return scan

@@ -42,7 +42,7 @@ class Megatron(Layout):
                 candidate = Candidate(entry.path, (iteration, 0 if temporary else 1), iteration,
                                       manifests=manifest_inside(entry.path))
                 if temporary:
-                    candidate.rejected = pending_reason(entry.path)
+                    candidate.rejected, candidate.unfinished = pending_reason(entry.path), True
                 else:
                     iterations.add(iteration)
                 scan.candidates.append(candidate)
