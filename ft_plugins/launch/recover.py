@@ -297,12 +297,13 @@ class Supervisor:
 
     @staticmethod
     def _start(context: Any, local_rank: int, env: dict[str, str]) -> Any:
-        """A new worker process exactly as torchrun started the lost one, plus its place in the recovery."""
-        from torch.distributed.elastic.multiprocessing.subprocess_handler import get_subprocess_handler
+        """A new worker process exactly as torchrun started the lost one, plus its place in the recovery; its
+        output follows the lost one's in the rank's log files."""
+        from ft_plugins.launch.replacement import Replacement
 
-        return get_subprocess_handler(entrypoint=context.entrypoint, args=context.args[local_rank], env=env,
-                                      stdout=context.stdouts[local_rank], stderr=context.stderrs[local_rank],
-                                      local_rank_id=local_rank, numa_options=getattr(context, "_numa_options", None))
+        return Replacement(entrypoint=context.entrypoint, args=context.args[local_rank], env=env,
+                           stdout=context.stdouts[local_rank], stderr=context.stderrs[local_rank],
+                           local_rank_id=local_rank, numa_options=getattr(context, "_numa_options", None))
 
 
 def _python_command(entrypoint: str, args: Sequence[str]) -> list[str] | None:
