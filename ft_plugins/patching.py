@@ -5,7 +5,8 @@ A :class:`Patch` names a function by module and attribute. Applying it wraps the
 ``from megatron.training.training import train_step`` are patched too. Patches for modules not
 imported yet are applied by a post-import hook, so import order does not matter. ``remove()``
 puts back the original objects exactly. Inside :func:`rebinding_once`, every patch set removed or
-applied shares one pass over the modules' globals.
+applied shares one pass over the modules' globals. A patch set may be deferred: its patches are made when
+the first module they patch is imported, so glue needed only with its framework is imported only with it.
 """
 
 from __future__ import annotations
@@ -40,13 +41,18 @@ class PatchSet:
     """A group of patches applied and removed together (one feature's hooks into one framework).
 
     ``on_missing(patch_set, error)`` is called when a target module turns out to lack a symbol;
-    the set is then removed whole, so a feature is never half-applied.
+    the set is then removed whole, so a feature is never half-applied. ``patches`` may be a function that
+    makes them (``modules``: those they patch): it is called when the first of them is imported.
     """
 
-    def __init__(self, name: str, patches: tuple[Patch, ...],
-                 on_missing: Callable[["PatchSet", MissingSymbol], None]) -> None:
+    def __init__(self, name: str, patches: tuple[Patch, ...] | Callable[[], tuple[Patch, ...]],
+                 on_missing: Callable[["PatchSet", MissingSymbol], None], modules: tuple[str, ...] = ()) -> None:
+        if callable(patches) and not modules:
+            raise ValueError(f"patch set {name!r}: deferred patches need the modules they patch")
         self.name = name
-        self.patches = patches
+        self._make = patches if callable(patches) else None
+        self._patches = None if callable(patches) else patches
+        self.modules = modules or _modules_of(self._patches or ())
         self._on_missing = on_missing
         self._active = False
         self._wrapped: dict[int, tuple[Any, Any]] = {}  # id(wrapper) -> (wrapper, original)
@@ -60,7 +66,22 @@ class PatchSet:
         if self._active:
             return
         self._active = True
-        for module_name in {patch.module for patch in self.patches}:
+        for module_name in self.modules:
+            when_imported(module_name, self._module_ready)
+
+    @property
+    def patches(self) -> tuple[Patch, ...]:
+        """Every patch of the set, made now if it was deferred."""
+        if self._patches is None and self._make is not None:
+            self._patches = tuple(self._make())
+            self._hook_undeclared(self._patches)
+        return self._patches or ()
+
+    def _hook_undeclared(self, made: tuple[Patch, ...]) -> None:
+        """A made patch whose module the set did not declare is still applied when that module is imported."""
+        undeclared = tuple(name for name in _modules_of(made) if name not in self.modules)
+        self.modules += undeclared
+        for module_name in undeclared if self._active else ():
             when_imported(module_name, self._module_ready)
 
     def remove(self) -> None:
@@ -103,6 +124,11 @@ class PatchSet:
             return  # optional and absent (or inherited), or wrapped already
         self._methods.append((owner, name, original))
         setattr(owner, name, wrapt.FunctionWrapper(original, patch.wrapper))
+
+
+def _modules_of(patches: tuple[Patch, ...]) -> tuple[str, ...]:
+    """The modules ``patches`` patch, each once, in their order."""
+    return tuple(dict.fromkeys(patch.module for patch in patches))
 
 
 def _lookup(module: ModuleType, dotted: str) -> Any:

@@ -26,7 +26,6 @@ from typing import Mapping, NamedTuple
 from ft_plugins.config import RECOVERY_VAR
 
 PREFIX = "ft_plugins/recover"
-DEFAULT_TIMEOUT = 180.0  # seconds, as MindIO's TTP_NORMAL_ACTION_TIME_LIMIT
 
 
 class Replacement(NamedTuple):

@@ -92,3 +92,34 @@ def test_inside_rebinding_once_removal_and_patching_compose_into_one_pass(packag
     assert ftp_copier.step is ftp_target.step and ftp_target.step.__wrapped__ is original  # wrapped once
     second.remove()
     assert ftp_copier.step is original
+
+
+
+def test_a_deferred_set_is_made_when_its_first_module_is_imported(package: Path) -> None:
+    """Its glue is imported with the framework, not at ``apply``; it patches as an eager set does, a module it
+    did not declare included. (Modules of their own: a module's post-import hook runs once per process.)"""
+    (package / "ftp_first.py").write_text("def step():\n    return 'original'\n\nimport ftp_first_copier  # noqa\n")
+    (package / "ftp_first_copier.py").write_text("from ftp_first import step\n")
+    (package / "ftp_undeclared.py").write_text("def run():\n    return 'original'\n")
+    made: list[str] = []
+
+    def make() -> tuple[Patch, ...]:
+        made.append("made")
+        return Patch("ftp_first", "step", _wrapper), Patch("ftp_undeclared", "run", _wrapper)
+
+    patches = PatchSet("test", make, lambda *_: None, modules=("ftp_first",))
+    patches.apply()
+    assert made == []
+    try:
+        import ftp_first
+        import ftp_first_copier
+
+        assert made == ["made"] and ftp_first.step() == ftp_first_copier.step() == "patched original"
+        import ftp_undeclared
+
+        assert ftp_undeclared.run() == "patched original" and made == ["made"]
+        patches.remove()
+        assert ftp_first.step() == ftp_first_copier.step() == ftp_undeclared.run() == "original"
+    finally:
+        for name in ("ftp_first", "ftp_first_copier", "ftp_undeclared"):
+            sys.modules.pop(name, None)

@@ -8,6 +8,10 @@ so ``ttp`` has seen the step (or the update) begin when a fault fires. The Train
 end) reach the features through :class:`FaultToleranceCallback`, which every Trainer gets once:
 added by the ``Trainer.__init__`` hook unless the user passed one already. With any feature on, a finished
 gloo job drains its collectives and destroys its process group at exit (:mod:`.clean_exit`).
+
+``import ft_plugins.torch`` runs in every training process, most of which never import transformers: the glue
+of ``resume``, of the fire drills and of the exit (with the checkpoint choice, the store agreement and the
+fault plans it brings) is imported when transformers or accelerate is, then patched as the others are.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from ft_plugins.features.ttp import Ttp
 from ft_plugins.patching import MissingSymbol, Patch, PatchSet
 from ft_plugins.runtime import Runtime
 from ft_plugins.torch.hf import events
-from ft_plugins.torch.hf.targets import TRAINER
+from ft_plugins.torch.hf.targets import MODULES, TRAINER
 
 log = logging.getLogger("ft_plugins.torch")
 
@@ -56,14 +60,9 @@ class HFIntegration:
             self._add("taskd", WorkerStart(taskd))
         resume = runtime.running(Resume)
         if resume is not None:
-            from ft_plugins.torch.hf.accelerate import AcceleratorResume
-            from ft_plugins.torch.hf.resume import TrainerResume
-
-            self._add("resume", TrainerResume(resume), AcceleratorResume(resume))
+            self._defer("resume", lambda: _resume_parts(resume))
         if os.environ.get(INJECT_VAR, "").strip():
-            from ft_plugins.torch.hf.drill import TrainerDrill
-
-            self._add("faults", TrainerDrill())
+            self._defer("faults", _drill_parts)
         ttp = runtime.running(Ttp)
         if ttp is not None and getattr(ttp, "engine", None) == "builtin":
             from ft_plugins.torch.hf.ttp import TrainerDump
@@ -71,18 +70,25 @@ class HFIntegration:
             self._add("ttp", TrainerDump(ttp))
         self.clean_exit: Any = None
         if self.patch_sets:
-            from ft_plugins.torch.hf.clean_exit import CleanExit
-
             self.patch_sets.append(PatchSet("callback", (Patch(TRAINER, "Trainer.__init__", _add_callback),),
                                             self._missing))
-            self.clean_exit = CleanExit()
-            self.patch_sets.append(PatchSet("exit", self.clean_exit.patches(), self._missing))
+            self._defer("exit", self._clean_exit_parts)
 
     def _add(self, feature: str, *parts: Any) -> None:
         """``parts`` give ``patches()``; those with Trainer events (``on_step_begin`` ...) listen to them."""
-        patches = tuple(patch for part in parts for patch in part.patches())
-        self.patch_sets.append(PatchSet(feature, patches, self._missing))
+        self.patch_sets.append(PatchSet(feature, _patches_of(parts), self._missing))
         self.listeners += [part for part in parts if hasattr(part, "on_event")]
+
+    def _defer(self, feature: str, make_parts: Callable[[], tuple[Any, ...]]) -> None:
+        """Parts made (their modules imported) when the first module of :data:`.targets.MODULES` is; they
+        must not listen to Trainer events (listeners are known at ``apply``)."""
+        self.patch_sets.append(PatchSet(feature, lambda: _patches_of(make_parts()), self._missing, MODULES))
+
+    def _clean_exit_parts(self) -> tuple[Any, ...]:
+        from ft_plugins.torch.hf.clean_exit import CleanExit
+
+        self.clean_exit = CleanExit()
+        return (self.clean_exit,)
 
     def apply(self) -> None:
         events.LISTENERS[:] = self.listeners
@@ -100,6 +106,23 @@ class HFIntegration:
         package = str(error).split(".", 1)[0]
         self.runtime.disable(patch_set.name, f"{error} in {package} {_version(package)}: this layout is not "
                                              f"supported ({SUPPORTED})")
+
+
+def _patches_of(parts: tuple[Any, ...]) -> tuple[Patch, ...]:
+    return tuple(patch for part in parts for patch in part.patches())
+
+
+def _resume_parts(resume: Resume) -> tuple[Any, ...]:
+    from ft_plugins.torch.hf.accelerate import AcceleratorResume
+    from ft_plugins.torch.hf.resume import TrainerResume
+
+    return TrainerResume(resume), AcceleratorResume(resume)
+
+
+def _drill_parts() -> tuple[Any, ...]:
+    from ft_plugins.torch.hf.drill import TrainerDrill
+
+    return (TrainerDrill(),)
 
 
 def _add_callback(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:

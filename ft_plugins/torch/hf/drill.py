@@ -17,7 +17,7 @@ from typing import Any, Callable
 from ft_plugins import faults
 from ft_plugins.patching import Patch
 from ft_plugins.torch.hf.resume import _number
-from ft_plugins.torch.hf.targets import TRAINER
+from ft_plugins.torch.hf.targets import CHECKPOINTING, OPTIMIZER, TRAINER
 
 
 class TrainerDrill:
@@ -27,9 +27,9 @@ class TrainerDrill:
 
     def patches(self) -> tuple[Patch, ...]:
         return (Patch(TRAINER, "Trainer.training_step", self.training_step),
-                Patch("accelerate.optimizer", "AcceleratedOptimizer.step", self.update),
+                Patch(OPTIMIZER, "AcceleratedOptimizer.step", self.update),
                 Patch(TRAINER, "Trainer._save_rng_state", self.save_checkpoint),
-                Patch("accelerate.checkpointing", "save_accelerator_state", self.save_state))
+                Patch(CHECKPOINTING, "save_accelerator_state", self.save_state))
 
     def training_step(self, wrapped: Callable[..., Any], trainer: Any, args: tuple, kwargs: dict) -> Any:
         self._step = trainer.state.global_step

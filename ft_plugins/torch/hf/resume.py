@@ -23,7 +23,7 @@ from ft_plugins.checkpoint.errors import NoIntactCheckpoint
 from ft_plugins.features import resume as resume_feature
 from ft_plugins.patching import Patch
 from ft_plugins.torch.hf.agree import agree, barrier
-from ft_plugins.torch.hf.targets import TRAINER
+from ft_plugins.torch.hf.targets import TRAINER, TRAINER_UTILS
 
 log = logging.getLogger("ft_plugins.resume")
 
@@ -106,7 +106,7 @@ class TrainerResume:
         self._saving = False
 
     def patches(self) -> tuple[Patch, ...]:
-        return (Patch("transformers.trainer_utils", "get_last_checkpoint", self.get_last_checkpoint),
+        return (Patch(TRAINER_UTILS, "get_last_checkpoint", self.get_last_checkpoint),
                 Patch(TRAINER, "Trainer.train", self.train),
                 Patch(TRAINER, "Trainer._save_checkpoint", self.save_checkpoint),
                 Patch(TRAINER, "Trainer._rotate_checkpoints", self.rotate_checkpoints))

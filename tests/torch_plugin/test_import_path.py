@@ -1,0 +1,76 @@
+"""What ``import ft_plugins.torch`` leaves out: it runs in every training process, so the glue a framework needs
+is imported with that framework, never before (README: the import cost, measured by benchmarks/bench_import.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from support import PYTHON
+
+# each imported by ``import ft_plugins.torch`` under FT_PLUGINS=auto until they waited for their framework
+HF_GLUE = ("ft_plugins.torch.hf.resume",  # the checkpoint choice, a regular expression compiled at import
+           "ft_plugins.torch.hf.accelerate", "ft_plugins.torch.hf.agree", "ft_plugins.torch.hf.clean_exit",
+           "ft_plugins.faults",  # a frozen dataclass; with it ft_plugins.recovery's named tuples
+           "ft_plugins.recovery")  # also imported by the recover feature for one number
+MEGATRON_GLUE = ("ft_plugins.torch.resume",)
+
+PROBE = """
+import json, sys
+import torch
+import ft_plugins.torch as ft_torch
+
+def loaded():
+    return sorted(name for name in {glue!r} if name in sys.modules)
+
+report = {{"resume": ft_torch.runtime().feature("resume") is not None, "at_import": loaded()}}
+import transformers.trainer_utils as utils
+report["with_transformers"] = loaded()
+report["hf_hooked"] = hasattr(utils.get_last_checkpoint, "__wrapped__")
+import megatron.training.checkpointing as checkpointing
+report["with_megatron"] = loaded()
+report["megatron_hooked"] = hasattr(checkpointing.load_checkpoint, "__wrapped__")
+print(json.dumps(report))
+"""
+
+
+def test_framework_glue_is_imported_with_its_framework_not_with_ft_plugins(tmp_path: Path) -> None:
+    """With torch imported first and ``resume`` on (as ``auto`` finds it on any node), none of the glue is
+    imported; transformers, then megatron, bring theirs and get hooked (the control: the probe sees them)."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("FT_PLUGINS")}, "PYTHONPATH": "",
+           "FT_PLUGINS": "auto", "FT_PLUGINS_LOG": "error"}
+    code = PROBE.format(glue=HF_GLUE + MEGATRON_GLUE)
+    result = subprocess.run([PYTHON, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert report["resume"], "resume is off: the probe would not see its glue imported"
+    assert report["at_import"] == [], f"import ft_plugins.torch imported framework glue: {report['at_import']}"
+    assert report["with_transformers"] == sorted(HF_GLUE) and report["hf_hooked"]
+    assert report["with_megatron"] == sorted(HF_GLUE + MEGATRON_GLUE) and report["megatron_hooked"]
+
+
+def test_the_deferred_hf_glue_patches_only_the_modules_its_sets_wait_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deferred set is hooked on :data:`targets.MODULES`; glue aimed elsewhere would be hooked only once made,
+    and glue listening to Trainer events would never hear them."""
+    from ft_plugins.config import INJECT_VAR
+    from ft_plugins.runtime import activate
+    from ft_plugins.torch.hf import HFIntegration, targets
+
+    monkeypatch.setenv(INJECT_VAR, "rank=0,step=1,kind=exit")
+    runtime = activate("pt", features="resume", announce=False)
+    try:
+        integration = HFIntegration(runtime)
+        deferred = {patch_set.name: patch_set for patch_set in integration.patch_sets
+                    if patch_set.modules == targets.MODULES}
+        assert sorted(deferred) == ["exit", "faults", "resume"]
+        for patch_set in deferred.values():
+            assert patch_set.patches and patch_set.modules == targets.MODULES, patch_set.name
+            wrappers = [getattr(patch.wrapper, "__self__", None) for patch in patch_set.patches]
+            assert not any(hasattr(part, "on_event") for part in wrappers), patch_set.name
+    finally:
+        runtime.stop()
