@@ -85,15 +85,16 @@ class Spares:
         self.ready = self.ended = False
         self.took, self._answers = [], Lines(self._channel.fileno())
 
-    def take(self, env: dict[str, str], local_rank: int) -> Any:
-        """A ready spare made into the worker of ``env`` (a handler torchrun's context can hold), or None."""
+    def take(self, env: dict[str, str], local_rank: int, stdout: str = "", stderr: str = "") -> Any:
+        """A ready spare made into the worker of ``env`` (a handler torchrun's context can hold), or None; its
+        output goes to the rank's files ``stdout`` and ``stderr`` as torchrun names them ("": the console)."""
         from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
         self._read(0)
         if self.template is None or not self.ready or self.ended:
             return None  # none, still importing, or gone
         try:
-            self._channel.sendall(json.dumps(env).encode() + b"\n")
+            self._channel.sendall(json.dumps({"env": env, "stdout": stdout, "stderr": stderr}).encode() + b"\n")
         except OSError:
             return None
         deadline = time.monotonic() + ANSWER
@@ -240,7 +241,7 @@ class Supervisor:
         except ProcessLookupError:
             pass
         env = {**context.envs[local_rank], RECOVERY_VAR: replacement_value(self.generation, life)}
-        handler = self.spares.take(env, local_rank)
+        handler = self.spares.take(env, local_rank, context.stdouts[local_rank], context.stderrs[local_rank])
         how = "warm spare pid %d took over" if handler is not None else "replacement pid %d started"
         handler = handler or self._start(context, local_rank, env)
         context.subprocess_handlers[local_rank] = handler

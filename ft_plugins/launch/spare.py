@@ -8,13 +8,15 @@ The launcher (:mod:`ft_plugins.launch.recover`) starts one such process per node
 worker's environment and command, and a socket as its standard input: the launcher's requests come in on
 it and the template's answers go out on it, so that nothing the imports (or anything else) print on the
 standard output ever reads as an answer. Once imported, the template forks ``N`` spares and answers
-``ready``. Each request is a lost worker's environment as JSON, one line: the oldest waiting spare takes it
-(ft_plugins turned on again with that environment, ``SCRIPT`` or ``MODULE`` run as ``python -u`` runs it for
-the lost worker; each spare has a process group of its own) and the template answers ``took PID``, then
-forks a spare in its place. A fork of the imported template costs ~10 ms; starting a spare anew cost 2-3 CPU
-seconds of imports, taken from the ranks training on the same cores. A taken spare is the template's child,
-not the launcher's: the template reports its end as ``exit PID CODE``. End of input, or the template killed:
-the waiting spares exit. A command torchrun runs without Python (``--no-python``) gets no spares.
+``ready``. Each request is one line of JSON, ``{"env": ..., "stdout": PATH, "stderr": PATH}``: a lost worker's
+environment and where torchrun has its output go ("": the console). The oldest waiting spare takes it (its
+output appended to those files, ft_plugins turned on again with that environment, ``SCRIPT`` or ``MODULE``
+run as ``python -u`` runs it for the lost worker; each spare has a process group of its own) and the
+template answers ``took PID``, then forks a spare in its place. A fork of the imported template costs ~10 ms;
+starting a spare anew cost 2-3 CPU seconds of imports, taken from the ranks training on the same cores. A
+taken spare is the template's child, not the launcher's: the template reports its end as ``exit PID CODE``.
+End of input, or the template killed: the waiting spares exit. A command torchrun runs without Python
+(``--no-python``) gets no spares.
 
 What the imports made is moved out of the collector's reach (``gc.freeze``) before the forks: the
 400,000 objects of torch and megatron stay for the process's life, every full collection of a take-over
@@ -33,7 +35,7 @@ import runpy
 import select
 import signal
 import sys
-from typing import Iterator
+from typing import Any, Iterator
 
 READY, TOOK, EXIT = "ready", "took", "exit"  # the template's answers
 PRELOADED = ("torch", "torch.distributed", "megatron.training")
@@ -61,18 +63,18 @@ class Lines:
 
 
 class Template:
-    """The forking side: ``count`` spares kept waiting, each taking the next environment read."""
+    """The forking side: ``count`` spares kept waiting, each taking the next request read."""
 
     def __init__(self, count: int) -> None:
         self.count = count
-        self.waiting: list[tuple[int, int]] = []  # (pid, write end of the pipe it reads its environment from)
+        self.waiting: list[tuple[int, int]] = []  # (pid, write end of the pipe it reads its request from)
         self.taken: dict[int, int] = {}  # pidfd -> pid of a spare that took over a rank
 
-    def serve(self) -> dict[str, str] | None:
+    def serve(self) -> dict[str, Any] | None:
         """Runs until end of input and the end of every taken spare (returns None); in a spare that took
-        over, returns the environment it took."""
-        if (environment := self._refill()) is not None:
-            return environment
+        over, returns the request it took."""
+        if (request := self._refill()) is not None:
+            return request
         self._say(READY)
         for line in self._requests():
             while True:  # a spare that died waiting (its pipe broken) is passed over
@@ -82,14 +84,14 @@ class Template:
                     break
                 except BrokenPipeError:
                     os.waitpid(pid, 0)
-                    if (environment := self._refill()) is not None:
-                        return environment
+                    if (request := self._refill()) is not None:
+                        return request
                 finally:
                     os.close(pipe)
             self.taken[os.pidfd_open(pid)] = pid
             self._say(f"{TOOK} {pid}")
-            if (environment := self._refill()) is not None:
-                return environment
+            if (request := self._refill()) is not None:
+                return request
         return None
 
     def _requests(self) -> Iterator[bytes]:
@@ -122,14 +124,14 @@ class Template:
         os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
         os.close(pidfd)
 
-    def _refill(self) -> dict[str, str] | None:
+    def _refill(self) -> dict[str, Any] | None:
         while len(self.waiting) < self.count:
-            if (environment := self._fork()) is not None:
-                return environment
+            if (request := self._fork()) is not None:
+                return request
         return None
 
-    def _fork(self) -> dict[str, str] | None:
-        """Fork a waiting spare (None in the template); in it, block until an environment comes."""
+    def _fork(self) -> dict[str, Any] | None:
+        """Fork a waiting spare (None in the template); in it, block until a request comes."""
         readable, writable = os.pipe()
         pid = os.fork()
         if pid:
@@ -166,13 +168,24 @@ def _own_group(pid: int) -> None:
         pass
 
 
-def take_over(environment: dict[str, str], command: list[str]) -> None:
-    """Become the lost worker: its environment, ft_plugins' hooks configured by it, its command."""
-    os.environ.update(environment)
+def take_over(request: dict[str, Any], command: list[str]) -> None:
+    """Become the lost worker: its output, its environment, ft_plugins' hooks configured by it, its command."""
+    _append_output(request["stdout"], request["stderr"])
+    os.environ.update(request["env"])
     glue = sys.modules.get("ft_plugins.torch")
     if glue is not None:
         glue.enable()  # the lost worker's configuration and place in the recovery; its lines name that rank
     _run_as_main(command)
+
+
+def _append_output(stdout: str, stderr: str) -> None:
+    """Standard output and error to the rank's log files where torchrun has them (``--redirects``, ``--tee``),
+    after what the lost worker wrote there, as a fresh replacement's go; "" leaves the console."""
+    for path, fd in ((stdout, 1), (stderr, 2)):
+        if path:
+            opened = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            os.dup2(opened, fd)
+            os.close(opened)
 
 
 def _run_as_main(command: list[str]) -> None:
@@ -197,9 +210,9 @@ def main() -> None:
     finally:
         logging.disable(logging.NOTSET)
     gc.freeze()  # what the imports made lives as long as the process: no collection reads it again
-    environment = Template(int(sys.argv[1])).serve()
-    if environment is not None:
-        take_over(environment, sys.argv[2:])
+    request = Template(int(sys.argv[1])).serve()
+    if request is not None:
+        take_over(request, sys.argv[2:])
 
 
 if __name__ == "__main__":

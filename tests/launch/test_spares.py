@@ -127,7 +127,8 @@ def test_the_template_hands_each_request_to_a_forked_spare_and_reports_its_end(w
         assert _answer(answers) == ["ready"]
         pids = []
         for rank, code in (("3", "0"), ("1", "7")):
-            ours.sendall(json.dumps({"RANK": rank, "CODE": code}).encode() + b"\n")
+            request = {"env": {"RANK": rank, "CODE": code}, "stdout": "", "stderr": ""}  # output: the console
+            ours.sendall(json.dumps(request).encode() + b"\n")
             word, pid = _answer(answers)
             assert word == "took"
             assert _answer(answers) == ["exit", pid, code]
@@ -296,6 +297,24 @@ def test_a_spare_runs_a_script_with_its_folder_first_on_the_path(tmp_path: Path,
         spares.template.wait(timeout=30)
     seen = json.loads(next(line for line in capfd.readouterr().out.splitlines() if line.startswith("{")))
     assert seen["argv"] == [str(worker)] and seen["path0"] == str(worker.parent)  # as `python SCRIPT` puts it
+
+
+def test_a_spare_writes_to_the_ranks_log_files_after_the_lost_worker(tmp_path: Path, worker: Path,
+                                                                     capfd: pytest.CaptureFixture[str]) -> None:
+    stdout, stderr = tmp_path / "stdout.log", tmp_path / "stderr.log"
+    stdout.write_text("lost worker out\n")
+    stderr.write_text("Traceback of the lost worker\n")
+    spares = _ready_spares(tmp_path, worker)
+    try:
+        taken = spares.take({"RANK": "2", "CODE": "3"}, 2, str(stdout), str(stderr))  # torchrun --redirects 3
+        assert taken.proc.wait(timeout=30) == 3
+    finally:
+        spares.stop()
+        spares.template.wait(timeout=30)
+    lost, written = stdout.read_text().splitlines()
+    assert lost == "lost worker out" and json.loads(written)["pid"] == taken.proc.pid
+    assert stderr.read_text() == "Traceback of the lost worker\n"
+    assert '"rank"' not in capfd.readouterr().out, "nothing on the console"
 
 
 def test_a_command_torchrun_runs_without_python_gets_no_spares_said_once(caplog: pytest.LogCaptureFixture) -> None:
