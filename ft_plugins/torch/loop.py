@@ -50,21 +50,39 @@ def save_as_the_loop(iteration: int, objects: tuple[Any, Any, Any], context: Any
                                                            train_data_iterator=iterator)
 
 
+# what a communication backend says when a peer's connection broke (gloo, NCCL, HCCL): raised from C++
+# through whichever Python line waited on the work, megatron's own (an overlapped gradient reduction) included
+BACKEND_MARKERS = ("gloo", "nccl", "hccl", "connection reset by peer", "connection closed by peer", "broken pipe")
+COMMUNICATION = f"{os.sep}torch{os.sep}distributed{os.sep}"
+
+
+def is_communication_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective failing (a peer lost), not this rank's own error: raised inside torch's
+    distributed package, a ``DistError``, or a backend's connection error. Megatron's own checks raised under
+    ``megatron/core/distributed/`` (the NaN/Inf gradient check, its assertions) are this rank's own."""
+    innermost = next(iter(reversed(list(traceback.walk_tb(exc.__traceback__)))), None)
+    if innermost is not None and COMMUNICATION in innermost[0].f_code.co_filename:
+        return True
+    if any(cls.__name__ == "DistError" and cls.__module__.startswith("torch") for cls in type(exc).__mro__):
+        return True
+    text = str(exc).lower()
+    return any(marker in text for marker in BACKEND_MARKERS)
+
+
 def attempt(wrapped: Callable[..., Any], args: tuple, kwargs: dict,
             lost: Callable[[], None]) -> tuple[Any, str | None, bool]:
     """Run the step; on failure return only a description and whether the exception is this rank's own
-    (not raised in a collective, i.e. under a ``distributed`` package: torch's, megatron's): the exception,
-    its traceback and the frames' pending work are released before anybody waits. A peer lost (not our own
-    exception): ``lost()`` first, at once (shutting this rank's connections down, so that peers whose
-    collectives never reach the lost rank fail now, not after the collection: 0.4 s with megatron imported). The
-    collection is of the young generations, where the failed step's cycles are (~1 ms; what an older one
-    still holds of the dead groups is collected when they are destroyed: :mod:`.regroup`)."""
+    (:func:`is_communication_failure` says it is not): the exception, its traceback and the frames' pending
+    work are released before anybody waits. A peer lost (not our own exception): ``lost()`` first, at once
+    (shutting this rank's connections down, so that peers whose collectives never reach the lost rank fail
+    now, not after the collection: 0.4 s with megatron imported). The collection is of the young generations,
+    where the failed step's cycles are (~1 ms; what an older one still holds of the dead groups is collected
+    when they are destroyed: :mod:`.regroup`)."""
     try:
         return wrapped(*args, **kwargs), None, False
     except Exception as exc:
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
-        files = [frame.f_code.co_filename for frame, _ in traceback.walk_tb(exc.__traceback__)]
-        own = not any(f"{os.sep}distributed{os.sep}" in name for name in files)
+        own = not is_communication_failure(exc)
         traceback.clear_frames(exc.__traceback__)
         if not own:
             lost()
