@@ -5,10 +5,12 @@ Megatron assumes CUDA everywhere: it asserts ``torch.cuda.is_available()``, allo
 calls on the CPU, in the main thread and in every thread started after it. It is not part of
 ft_plugins and is never needed on a real cluster.
 
-Megatron's distributed optimizer (``--use-distributed-optimizer``) needs four more patches here,
-all on ``DistributedOptimizer`` (see :func:`_patch_distributed_optimizer`). Only the first is about
-the CPU; the other three are megatron-core 0.17.1 bugs on the path of fp32 parameters with torch's
-own Adam (no Apex / Transformer Engine), which is the path a CPU run takes.
+Megatron's optimizers sort parameters by their CUDA type names (``param.type()``): both the
+float16 optimizer (``--bf16`` / ``--fp16``) and the distributed optimizer construct with
+``Tensor.type()`` answering the CUDA name (:func:`_with_cuda_type_names`). The distributed optimizer
+(``--use-distributed-optimizer``) needs three more patches here (see
+:func:`_patch_distributed_optimizer`): megatron-core 0.17.1 bugs on the path of fp32 parameters with
+torch's own Adam (no Apex / Transformer Engine), which is the path a CPU run takes.
 
 Two imports a tiny CPU run never uses are kept out, which halves each rank's start-up: torch's
 compiler (``torch.compile`` compiles nothing here, so Megatron's fused kernels run as written, as
@@ -175,34 +177,50 @@ def install() -> None:
     # Megatron's model-parallel RNG tracker swaps "CUDA" generator states; on CPU that is the CPU one.
     megatron_random._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
     megatron_random._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
+    _patch_optimizers()
+
+
+def _patch_optimizers() -> None:
+    """Megatron's optimizers construct, train, save and resume on CPU."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+    from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params
+
+    _with_cuda_type_names(Float16OptimizerWithFloat16Params)  # --bf16 / --fp16
+    _with_cuda_type_names(DistributedOptimizer)
     _patch_distributed_optimizer()
+
+
+def _with_cuda_type_names(optimizer_class: type) -> None:
+    """(CPU only) ``__init__`` sorts parameters by ``param.type()`` against ``'torch.cuda.FloatTensor'``,
+    ``'torch.cuda.HalfTensor'`` and ``'torch.cuda.BFloat16Tensor'`` and raises "Wrapped parameters must
+    be one of ..." for CPU tensors: it runs with ``Tensor.type()`` reporting the CUDA name."""
+    init = optimizer_class.__init__
+
+    @functools.wraps(init)
+    def init_with_cuda_type_names(self, *args, **kwargs):
+        with _CudaTypeNames():
+            init(self, *args, **kwargs)
+
+    optimizer_class.__init__ = init_with_cuda_type_names
 
 
 def _patch_distributed_optimizer() -> None:
     """Make megatron-core 0.17.1's DistributedOptimizer train, save and resume bit-identically on CPU."""
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
-    init = DistributedOptimizer.__init__
     set_states = DistributedOptimizer._set_main_param_and_optimizer_states
     load_state_dict = DistributedOptimizer.load_state_dict
 
-    # 1 (CPU only): __init__ sorts parameters by `param.type() == 'torch.cuda.FloatTensor'` and
-    # raises "Wrapped parameters must be one of torch.cuda.FloatTensor, ..." for CPU tensors.
-    @functools.wraps(init)
-    def init_with_cuda_type_names(self, *args, **kwargs):
-        with _CudaTypeNames():
-            init(self, *args, **kwargs)
-
-    # 2 (megatron bug): on --load it copies in place into a view of an fp32 parameter that requires
+    # 1 (megatron bug): on --load it copies in place into a view of an fp32 parameter that requires
     # grad ("a view of a leaf Variable that requires grad is being used in an in-place operation").
-    # 3 (megatron bug): it expects every optimizer state key in the loaded shard, but torch's Adam has
+    # 2 (megatron bug): it expects every optimizer state key in the loaded shard, but torch's Adam has
     # a per-parameter "step" that distrib_optim.pt does not hold (KeyError: 'step'): skip such keys.
     @functools.wraps(set_states)
     def set_states_without_grad(self, model_param, tensors):
         with torch.no_grad():
             set_states(self, model_param, _NoneForMissing(tensors))
 
-    # 4 (megatron bug): with torch's Adam, load_state_dict gives every parameter the SAME "step"
+    # 3 (megatron bug): with torch's Adam, load_state_dict gives every parameter the SAME "step"
     # tensor, so each iteration advances it once per parameter (wrong bias correction after resume).
     @functools.wraps(load_state_dict)
     def load_state_dict_with_own_steps(self, state_dict):
@@ -211,6 +229,5 @@ def _patch_distributed_optimizer() -> None:
             if torch.is_tensor(state.get("step")):
                 state["step"] = state["step"].clone()
 
-    DistributedOptimizer.__init__ = init_with_cuda_type_names
     DistributedOptimizer._set_main_param_and_optimizer_states = set_states_without_grad
     DistributedOptimizer.load_state_dict = load_state_dict_with_own_steps

@@ -101,13 +101,12 @@ def receive(source: int, group: Any) -> dict[str, Any]:
 
 def apply(state: dict[str, Any], model: Any, optimizer: Any, scheduler: Any) -> None:
     """Load ``state`` into the live objects, as Megatron's ``load_checkpoint`` does."""
-    megatron_args = megatron("training.global_vars").get_args()
     chunks = megatron("training.utils").unwrap_model(model)
     for index, chunk in enumerate(chunks):
         chunk.load_state_dict(state["model"] if len(chunks) == 1 else state[f"model{index}"], strict=False)
+    # the fp32 main parameters and the loss scaler come with the optimizer's state, exact; reloading the main parameters
+    # from the 16-bit model afterwards would round them (Megatron's load does that only without optimizer state)
     optimizer.load_state_dict(state["optimizer"])
-    if megatron_args.fp16 or megatron_args.bf16:
-        optimizer.reload_model_params()
     sharded, place = state.get(PARAMETER_STATE, {"place": None, "shards": ()}), instance_place(optimizer)
     if sharded["place"] != place:
         raise ValueError(f"the optimizer shard received is place {sharded['place']} of its optimizer instance, "

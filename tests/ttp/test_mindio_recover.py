@@ -16,7 +16,6 @@ same DP=4 launch and fault); with recover off, the old handlers decline and Mind
 from __future__ import annotations
 
 import logging
-import os
 import re
 import signal
 from types import SimpleNamespace
@@ -24,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from support import FAKES, free_port, read_records
-from ttp_runs import DP4, ITERS, Job, run_supervised, same_as_reference
+from support import FAKES, read_records
+from ttp_runs import DP4, ITERS, Job, mindio_env, run_supervised, same_as_reference
 
 FIRST = 2  # rank 1 dies as the step after 2 completed steps begins
 ORDER = ["stop", "clean", "replacement", "rebuild_group", "repair", "rollback"]
@@ -35,9 +34,7 @@ ORDER = ["stop", "clean", "replacement", "rebuild_group", "repair", "rollback"]
 def arf_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Job, list[dict[str, Any]]]:
     workdir = tmp_path_factory.mktemp("mindio_recover")
     record = workdir / "mindio.jsonl"
-    job = run_supervised(workdir, DP4, "--save-interval", "100", FT_PLUGINS="ttp,recover",
-                         PYTHONPATH=os.pathsep.join(filter(None, [str(FAKES), os.environ.get("PYTHONPATH", "")])),
-                         FT_FAKE_RECORD=str(record), TTP_ADDR="127.0.0.1", TTP_PORT=str(free_port()),
+    job = run_supervised(workdir, DP4, "--save-interval", "100", FT_PLUGINS="ttp,recover", **mindio_env(record),
                          FT_PLUGINS_INJECT_FAULT=f"rank=1,step={FIRST},kind=kill")
     return job, read_records(record)
 

@@ -22,8 +22,9 @@ from typing import Any
 
 import pytest
 
-from support import FAKES, assert_bit_identical, free_port, read_records
-from ttp_runs import ITERS, Job, Launch, committed_dump, resumed_to_the_end, run_supervised, same_as_reference
+from support import FAKES, assert_bit_identical, read_records
+from ttp_runs import (ITERS, Job, Launch, committed_dump, mindio_env, resumed_to_the_end, run_supervised,
+                      same_as_reference)
 
 DISTRIBUTED = Launch(4, ("--use-distributed-optimizer", "--micro-batch-size", "1", "--global-batch-size", "8"))
 FAR = ("--save-interval", "100")
@@ -148,9 +149,7 @@ def test_recover_three_ranks_lost_in_turn_each_shard_from_the_same_place_of_the_
 def mindio_recovered(tmp_path_factory: pytest.TempPathFactory) -> tuple[Job, list[dict[str, Any]]]:
     workdir = tmp_path_factory.mktemp("replicated_mindio_recovered")
     record = workdir / "mindio.jsonl"
-    job = run_supervised(workdir, DISTRIBUTED, *FAR, FT_PLUGINS="ttp,recover", FT_FAKE_RECORD=str(record),
-                         PYTHONPATH=os.pathsep.join(filter(None, [str(FAKES), os.environ.get("PYTHONPATH", "")])),
-                         TTP_ADDR="127.0.0.1", TTP_PORT=str(free_port()),
+    job = run_supervised(workdir, DISTRIBUTED, *FAR, FT_PLUGINS="ttp,recover", **mindio_env(record),
                          FT_PLUGINS_INJECT_FAULT=f"rank=1,step={STEP},kind=kill")
     return job, read_records(record)
 

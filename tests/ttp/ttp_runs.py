@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from support import MEGATRON_EXAMPLE, TORCHRUN, free_port
+from support import FAKES, MEGATRON_EXAMPLE, TORCHRUN, free_port
 
 ITERS = 6
 
@@ -56,6 +56,12 @@ def run_supervised(workdir: Path, launch: "Launch", *args: str, **env: str) -> J
     result = subprocess.run(command, cwd=workdir, env={**clean, **dict(launch.env), **env}, capture_output=True,
                             text=True, timeout=400)
     return Job(result.returncode, result.stdout + result.stderr, save)
+
+
+def mindio_env(record: Path) -> dict[str, str]:
+    """A job's environment with MindIO's stand-in on the path (ttp's MindIO engine, ARF on), recording to ``record``."""
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(FAKES), os.environ.get("PYTHONPATH", "")])),
+            "FT_FAKE_RECORD": str(record), "TTP_ADDR": "127.0.0.1", "TTP_PORT": str(free_port())}
 
 
 @dataclass(frozen=True)
