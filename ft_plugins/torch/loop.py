@@ -90,6 +90,19 @@ def attempt(wrapped: Callable[..., Any], args: tuple, kwargs: dict,
     return None, reason, own
 
 
+def forget_pending_communication(model: list[Any]) -> None:
+    """Drop the handles megatron's DDP keeps of collectives a lost peer broke (what MindSpeed's clean handler
+    does): ``grad_reduce_handle`` stays set until ``wait()`` returns, so with ``--overlap-grad-reduce`` the
+    redone step's ``start_grad_sync`` asserted there was none; a kept handle also keeps the dead group's work
+    alive. A parameter all-gather dispatched into the dead group is marked undispatched, to run again."""
+    for chunk in model:
+        for group in (*getattr(chunk, "bucket_groups", ()), *getattr(chunk, "expert_parallel_bucket_groups", ())):
+            group.grad_reduce_handle = None
+            if getattr(group, "param_gather_handle", None) is not None:
+                group.param_gather_handle = None
+                group.param_gather_dispatched = False
+
+
 def done_by_peer(size: int) -> tuple:
     """``train_step``'s result (``size`` items) for a step a peer completed: nothing to log, no save or exit asked."""
     return ({}, 0, False, False, 0, None, None, 0, *([None] * 8))[:size]

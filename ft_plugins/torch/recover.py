@@ -208,6 +208,7 @@ class MegatronRecovery:
                 "its state torn by an update left half done: a peer sends it the step")
         log.warning("recover: rank %d (pid %d) caught %s in %s (%s); waiting for a replacement", rank, os.getpid(),
                     reason, where, held)
+        loop.forget_pending_communication(self.objects[0])
         try:
             with self._quiet():
                 if self.refusal:

@@ -1,0 +1,32 @@
+"""``recover`` on the flags production jobs pass, on real 2-rank ``ft-plugins run -- torchrun`` runs of
+Megatron's ``pretrain()``, each against the uninterrupted run.
+
+``--overlap-grad-reduce`` (26 of MindSpeed-LLM's example scripts): a rank lost in forward leaves its peer
+waiting on the gradient all-reduce megatron started during backward; the broken wait left megatron's
+``grad_reduce_handle`` set, and the redone step's ``start_grad_sync`` asserted it was None. The handle is
+dropped when the loss is caught: the lost rank is replaced in place, exit 0, the uninterrupted run's weights
+(overlapped or not, the reduction is the same sum, so the shared reference is the yardstick)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ttp_runs import ITERS, Job, Launch, run_supervised, same_as_reference
+
+OVERLAPPED = Launch(2, ("--overlap-grad-reduce",))
+STEP = 3
+
+
+@pytest.fixture(scope="module")
+def overlapped(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    return run_supervised(tmp_path_factory.mktemp("overlap_grad_reduce"), OVERLAPPED, "--save-interval", "100",
+                          FT_PLUGINS="ttp,recover", FT_PLUGINS_INJECT_FAULT=f"rank=1,step={STEP},kind=kill")
+
+
+def test_overlap_grad_reduce_a_rank_lost_in_forward_is_replaced_in_place(overlapped: Job, reference: Job) -> None:
+    assert overlapped.returncode == 0, overlapped.output[-5000:]
+    assert overlapped.lines("recover: rank 0 (pid"), "the survivor caught the loss"
+    assert overlapped.lines(f"every rank stands at step {STEP}, training continues at step {STEP + 1}")
+    assert not overlapped.lines("dumped"), "met in place, not by the dump"
+    assert overlapped.tracker() == str(ITERS)
+    assert same_as_reference(overlapped, reference, ITERS) == []
