@@ -32,13 +32,15 @@ class Job:
 
 
 def start_trainer(workdir: Path, out: Path, *args: str, ft: bool = True, fakes: bool = False,
-                  launcher: tuple[str, ...] = (), **env: str) -> tuple[subprocess.Popen, Path]:
-    """The example under ``ft-plugins run -- torchrun`` with 2 ranks (the launcher execs torchrun: the
-    process is torchrun's); without ``ft`` with ``FT_PLUGINS=none`` (stock behaviour, fire drills armed).
-    Output (stdout and stderr together) on the process's stdout; returns it and the final state's path."""
+                  launcher: tuple[str, ...] = (), script: Path = EXAMPLE, ranks: int = 2,
+                  **env: str) -> tuple[subprocess.Popen, Path]:
+    """The example (or another ``script`` taking its arguments) under ``ft-plugins run -- torchrun`` with
+    ``ranks`` ranks (the launcher execs torchrun: the process is torchrun's); without ``ft`` with
+    ``FT_PLUGINS=none`` (stock behaviour, fire drills armed). Output (stdout and stderr together) on the
+    process's stdout; returns it and the final state's path."""
     final = workdir / f"final-{out.name}.pt"
-    command = [FT_PLUGINS, "run", "--", TORCHRUN, "--nproc-per-node", "2", "--master-port", str(free_port()),
-               *launcher, str(EXAMPLE), str(out), "--final", str(final), *args]
+    command = [FT_PLUGINS, "run", "--", TORCHRUN, "--nproc-per-node", str(ranks), "--master-port", str(free_port()),
+               *launcher, str(script), str(out), "--final", str(final), *args]
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "FT_FAKE", "TORCHELASTIC"))}
     extra = {"PYTHONPATH": str(FAKES) if fakes else ""}
     if not ft:
@@ -74,3 +76,22 @@ def same_state(first: Path, second: Path) -> list[str]:
         differences += [f"optimizer {index}.{key}" for key, value in state.items()
                         if key not in other or not torch.equal(value, other[key])]
     return differences
+
+
+def same_rng(first: Path, second: Path) -> list[str]:
+    """The generators whose state differs between two of the Trainer's RNG files; empty: the same state."""
+    import torch
+
+    a, b = (torch.load(path, weights_only=False) for path in (first, second))
+    return sorted(name for name in a.keys() | b.keys() if name not in a or name not in b or not _same(a[name], b[name]))
+
+
+def _same(first: object, second: object) -> bool:
+    import numpy
+    import torch
+
+    if isinstance(first, (tuple, list)):
+        return isinstance(second, (tuple, list)) and len(first) == len(second) and all(map(_same, first, second))
+    if isinstance(first, (torch.Tensor, numpy.ndarray)):
+        return type(first) is type(second) and bool(numpy.array_equal(numpy.asarray(first), numpy.asarray(second)))
+    return first == second

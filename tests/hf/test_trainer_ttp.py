@@ -83,6 +83,7 @@ def test_each_fault_leaves_the_last_completed_step_and_the_chain_ends_bit_identi
     job = _sigterm_while_rank_1_hangs(tmp_path, out, "rank=1,step=10,kind=hang", **TTP)
     _dumped(job, 10)
     assert job.lines("SIGTERM: rank")
+    assert not job.lines("no RNG state came from")  # both ranks alive: each RNG file is the rank's own
     final = run_trainer(tmp_path, out, *ARGS, **TTP)
     assert final.returncode == 0 and final.lines(f"newest checkpoint {out / 'checkpoint-10'} is intact"), \
         final.output[-3000:]

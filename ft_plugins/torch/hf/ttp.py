@@ -7,10 +7,12 @@ Trainer's ``on_step_begin`` / ``on_step_end`` and by Accelerate's ``AcceleratedO
 update, bracketed: a rank caught inside it is never saved half-updated), and a
 :class:`~ft_plugins.triggers.DyingGasp` fired by SIGTERM (watcher thread) or by an exception leaving
 ``Trainer.train`` (a collective that raised when a peer died). In DDP every rank holds the whole model
-and optimizer, and Accelerate keeps the RNG identical on every rank, so one survivor writes every file,
-every rank's ``rng_state_*`` included; the writer is the first to ``add`` a key on torchrun's store (no
-collective). The RNG is the one taken at the end of step K, as a save at K would hold it. FSDP and
-DeepSpeed shard the state: refused with one line.
+and optimizer, so one survivor writes them; the writer is the first to ``add`` a key on torchrun's store
+(no collective). The ranks' generators drift apart (Accelerate keeps only the sampler's in step), so each
+rank's RNG file is its own, taken at the end of step K as a save at K would hold it: every other survivor
+hands its file to the writer on the same store, the writer puts every file that came into the checkpoint
+before the commit, and a lost rank's as a copy of its own, said in one line (:mod:`.rng_files`: why a
+copy, how long the writer waits). FSDP and DeepSpeed shard the state: refused with one line.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from ft_plugins.steps import FORWARD, IDLE, Frozen, StepTracker
 from ft_plugins.rank import global_rank
 from ft_plugins.torch.hf.resume import committed
 from ft_plugins.torch.hf.rng import RngState, restore
+from ft_plugins.torch.hf.rng_files import PEER_WAIT, gather, offer, own_file, write_files
 from ft_plugins.torch.hf.targets import TRAINER
 from ft_plugins.torch.store import claim
 from ft_plugins.triggers import EXIT_ON_ERROR, DyingGasp
@@ -112,12 +115,21 @@ class TrainerDump:
         if committed(final):
             log.warning("ttp: %s: checkpoint-%d is saved already; nothing to dump", reason, step)
             return
-        if not claim(f"ft_plugins/hf/ttp/{os.environ.get(RESTART_VAR, '0')}/{step}"):
-            log.debug("ttp: %s: another survivor writes checkpoint-%d", reason, step)
+        key = f"ft_plugins/hf/ttp/{os.environ.get(RESTART_VAR, '0')}/{step}"
+        rank, world = trainer.args.process_index, trainer.args.world_size
+        if not claim(key):
+            offer(key, rank, own_file(trainer, at.rng))
+            log.debug("ttp: %s: another survivor writes checkpoint-%d; this rank's RNG file handed to it",
+                      reason, step)
             return
         staging = os.path.join(run_dir, f"tmp-checkpoint-{step}")
         shutil.rmtree(staging, ignore_errors=True)
         _write_checkpoint(trainer, staging, at.rng)
+        lost = write_files(staging, gather(key, world, rank, started + PEER_WAIT), world, rank)
+        if lost:
+            log.warning("ttp: %s: no RNG state came from rank(s) %s within %.0f s (lost, their state with them): "
+                        "their rng_state files in checkpoint-%d are copies of rank %d's", reason,
+                        ", ".join(map(str, lost)), PEER_WAIT, step, rank)
         commit_checkpoint(staging)
         if os.path.exists(final):  # the save of K this fault interrupted: never committed, now replaced whole
             shutil.rmtree(final)
@@ -141,7 +153,7 @@ def _nothing_to_save(frozen: Frozen | None) -> str:
 
 def _write_checkpoint(trainer: Any, directory: str, rng: dict[str, Any]) -> None:
     """What ``Trainer._save_checkpoint`` at this step writes, from this rank alone: model and training
-    arguments (``_save``), optimizer, scheduler, every rank's RNG file, ``trainer_state.json``."""
+    arguments (``_save``), optimizer, scheduler, this rank's RNG file, ``trainer_state.json``."""
     import torch
     from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME
     from transformers.trainer_callback import ExportableState
@@ -151,12 +163,6 @@ def _write_checkpoint(trainer: Any, directory: str, rng: dict[str, Any]) -> None
     torch.save(trainer.lr_scheduler.state_dict(), os.path.join(directory, SCHEDULER_NAME))
     restore(rng)  # this process exits after the dump: its own RNG no longer matters
     trainer._save_rng_state(directory)
-    world = trainer.args.world_size
-    if world > 1:
-        own = os.path.join(directory, f"rng_state_{trainer.args.process_index}.pth")
-        for index in range(world):
-            if index != trainer.args.process_index:
-                shutil.copyfile(own, os.path.join(directory, f"rng_state_{index}.pth"))
     for callback in [*trainer.callback_handler.callbacks, trainer.control]:
         if isinstance(callback, ExportableState):
             name, state = type(callback).__name__, callback.state()
