@@ -51,7 +51,7 @@ def state_at(model: Any, optimizer: Any, scheduler: Any, iteration: int, rng: An
     state_args = copy.copy(megatron_args)
     state_args.consumed_train_samples = consumed
     state = megatron("training.checkpointing").generate_state_dict(
-        state_args, megatron("training.utils").unwrap_model(model), optimizer, scheduler, rng, iteration=iteration)
+        state_args, megatron("core.utils").unwrap_model(model), optimizer, scheduler, rng, iteration=iteration)
     state["num_floating_point_operations_so_far"] = flops
     shards = [member.get_parameter_state_dp_reshardable() for member in sharded_optimizers(optimizer)]
     if shards:
@@ -101,7 +101,7 @@ def receive(source: int, group: Any) -> dict[str, Any]:
 
 def apply(state: dict[str, Any], model: Any, optimizer: Any, scheduler: Any) -> None:
     """Load ``state`` into the live objects, as Megatron's ``load_checkpoint`` does."""
-    chunks = megatron("training.utils").unwrap_model(model)
+    chunks = megatron("core.utils").unwrap_model(model)
     for index, chunk in enumerate(chunks):
         chunk.load_state_dict(state["model"] if len(chunks) == 1 else state[f"model{index}"], strict=False)
     # the fp32 main parameters and the loss scaler come with the optimizer's state, exact; reloading the main parameters

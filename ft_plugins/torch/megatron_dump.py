@@ -171,7 +171,7 @@ class MegatronDump:
             return
         state_args = copy.copy(parsed)
         state_args.consumed_train_samples = consumed
-        model = megatron("training.utils").unwrap_model(step.model)
+        model = megatron("core.utils").unwrap_model(step.model)
         state = checkpointing.generate_state_dict(state_args, model, step.optimizer, step.scheduler, rng,
                                                   iteration=iteration)
         state["num_floating_point_operations_so_far"] = self.flops(iteration, parsed)
