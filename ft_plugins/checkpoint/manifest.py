@@ -15,7 +15,9 @@ from typing import Any, Iterable, Mapping
 
 from ft_plugins.checkpoint.atomic import atomic_file
 from ft_plugins.checkpoint.errors import ManifestError
-from ft_plugins.checkpoint.probes import is_inside, open_regular, read_json
+from ft_plugins.checkpoint.parallel import each
+from ft_plugins.checkpoint.reading import is_inside, open_regular, read_json
+from ft_plugins.checkpoint.verdicts import VERDICT_FILE
 
 # the manifests' names, owned here: one per checkpoint directory, one per rank's file, one beside a lone file
 MANIFEST = "ft_manifest.json"
@@ -64,7 +66,7 @@ def _all_files(base: str) -> list[str]:
     found = []
     for directory, _, names in os.walk(base):
         for name in names:
-            if not name.startswith(MANIFEST) and not name.startswith(RANK_MANIFEST_PREFIX):
+            if not name.startswith((MANIFEST, RANK_MANIFEST_PREFIX, VERDICT_FILE)):
                 found.append(os.path.relpath(os.path.join(directory, name), base))
     return sorted(found)
 
@@ -118,6 +120,15 @@ def read_manifest(path: str) -> dict[str, Any] | None:
     return data
 
 
+def listed_files(path: str, base: str) -> list[str]:
+    """The files the manifest at ``path`` covers (paths under ``base``); none when it is absent or unreadable."""
+    try:
+        manifest = read_manifest(path)
+    except ManifestError:
+        return []
+    return [os.path.join(base, rel) for rel in manifest["files"]] if manifest else []
+
+
 def manifest_problems(path: str, base: str, deep: bool = False) -> list[str] | None:
     """What does not match the manifest at ``path`` (file paths relative to ``base``); None: no manifest."""
     try:
@@ -126,19 +137,24 @@ def manifest_problems(path: str, base: str, deep: bool = False) -> list[str] | N
         return [str(exc)]
     if manifest is None:
         return None
-    problems = []
-    for rel, expected in sorted(manifest["files"].items()):
-        file_path = os.path.join(base, rel)
-        try:
-            size = os.path.getsize(file_path)
-            if size != expected["size"]:
-                problems.append(f"{rel}: {size} bytes, the manifest says {expected['size']}")
-            elif sample_digest(file_path, size) != expected["sample"]:
-                problems.append(f"{rel}: content differs from the manifest (a file from another save or run)")
-            elif deep and "sha256" in expected and full_digest(file_path) != expected["sha256"]:
-                problems.append(f"{rel}: SHA-256 differs from the manifest")
-        except FileNotFoundError:
-            problems.append(f"{rel}: listed in the manifest but missing")
-        except OSError as exc:
-            problems.append(f"{rel}: unreadable ({exc.strerror or exc})")
-    return problems
+    entries = sorted(manifest["files"].items())
+    found = each(lambda entry: _entry_problem(base, entry[0], entry[1], deep), entries)
+    return [problem for problem in found if problem]
+
+
+def _entry_problem(base: str, rel: str, expected: dict[str, Any], deep: bool) -> str | None:
+    """What does not match one manifest entry: its size, then its sample digest, then (deep) its SHA-256."""
+    file_path = os.path.join(base, rel)
+    try:
+        size = os.path.getsize(file_path)
+        if size != expected["size"]:
+            return f"{rel}: {size} bytes, the manifest says {expected['size']}"
+        if sample_digest(file_path, size) != expected["sample"]:
+            return f"{rel}: content differs from the manifest (a file from another save or run)"
+        if deep and "sha256" in expected and full_digest(file_path) != expected["sha256"]:
+            return f"{rel}: SHA-256 differs from the manifest"
+    except FileNotFoundError:
+        return f"{rel}: listed in the manifest but missing"
+    except OSError as exc:
+        return f"{rel}: unreadable ({exc.strerror or exc})"
+    return None

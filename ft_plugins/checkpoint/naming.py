@@ -10,7 +10,7 @@ import re
 from typing import NamedTuple
 
 from ft_plugins.checkpoint.atomic import atomic_file
-from ft_plugins.checkpoint.probes import open_regular
+from ft_plugins.checkpoint.reading import open_regular
 
 TRACKER = "latest_checkpointed_iteration.txt"
 RELEASE = "release"

@@ -2,7 +2,7 @@
 
 Each probe returns ``None`` for a sound file or a short reason. The fast form reads only what
 locates the data (a zip's end records and central directory, a safetensors header, protobuf field
-headers, a pickle's opcodes); the deep form also reads the data (zip CRCs, nested protobuf framing).
+headers, a pickle's shard records read by inert stand-ins: :mod:`.distcp`); the deep form also reads the data (zip CRCs, nested protobuf framing).
 Whatever a file claims, memory stays bounded: payloads are seeked over or streamed, headers are
 capped, and only regular files are opened (never a device, a FIFO or a directory).
 """
@@ -14,52 +14,16 @@ import os
 import stat
 import struct
 import zipfile
-from typing import IO, Any, Callable
+from typing import IO, Callable
+
+from ft_plugins.checkpoint.distcp import distcp_metadata
+from ft_plugins.checkpoint.reading import open_regular, read_json
 
 Probe = Callable[[str, bool], "str | None"]
 
 _SAFETENSORS_HEADER_LIMIT = 100 << 20
-_JSON_LIMIT = 64 << 20  # manifests, indexes, trainer states: far smaller in practice
 _ZIP_DIRECTORY_LIMIT = 256 << 20  # a central directory entry is ~100 bytes: millions of tensors
 _ZIP_TAIL = 22 + 0xFFFF  # the end record plus the longest zip comment
-
-
-class NotRegularFile(OSError):
-    """A path that is a device, FIFO, socket or directory where a checkpoint file belongs."""
-
-
-def open_regular(path: str) -> IO[bytes]:
-    """Open ``path`` for reading only if it is a regular file (a FIFO would block, ``/dev/zero`` never ends)."""
-    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-            raise NotRegularFile(f"{path} is not a regular file")
-        return os.fdopen(descriptor, "rb")
-    except BaseException:
-        os.close(descriptor)
-        raise
-
-
-def read_json(path: str, limit: int = _JSON_LIMIT) -> Any:
-    """The JSON document in a regular file of at most ``limit`` bytes. Raises OSError when it cannot be
-    read and ValueError (with the reason) when it is not such a document."""
-    with open_regular(path) as handle:
-        data = handle.read(limit + 1)
-    if len(data) > limit:
-        raise ValueError(f"larger than {limit} bytes")
-    try:
-        return json.loads(data)
-    except RecursionError:
-        raise ValueError("nested too deeply") from None
-    except UnicodeDecodeError:
-        raise ValueError("not UTF-8 text") from None
-
-
-def is_inside(relative: object) -> bool:
-    """Whether a path recorded in a checkpoint's own files names something inside it (relative, no ``..``)."""
-    if not isinstance(relative, str) or not relative or "\0" in relative or os.path.isabs(relative):
-        return False
-    return not os.path.normpath(relative).startswith(os.pardir)
 
 
 def _zip_end_records(handle: IO[bytes], size: int) -> tuple[str | None, int]:
@@ -229,164 +193,6 @@ def json_file(path: str, deep: bool = False) -> str | None:
         read_json(path)
     except ValueError as exc:
         return f"not valid JSON ({exc}; truncated or garbage)"
-    return None
-
-
-_METADATA_LIMIT = 256 << 20  # a .metadata describes shards: megabytes even for large models
-_CONTAINERS = {"EMPTY_LIST": list, "EMPTY_DICT": dict, "EMPTY_SET": set}
-# opcodes that push their argument: numbers, strings, bytes
-_CONSTANTS = frozenset({"INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "FLOAT", "BINFLOAT",
-                        "STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "SHORT_BINUNICODE", "BINUNICODE",
-                        "BINUNICODE8", "SHORT_BINBYTES", "BINBYTES", "BINBYTES8", "BYTEARRAY8"})
-
-
-class _Object:
-    """What a pickle would construct, recorded instead: the class's name, its arguments and its state."""
-
-    def __init__(self, name: str, args: Any = None) -> None:
-        self.name, self.args, self.state = name, args, None
-
-
-class _Global:
-    def __init__(self, module: Any, name: Any) -> None:
-        self.name = f"{module}.{name}"
-
-    def __call__(self, args: Any) -> _Object:
-        return _Object(self.name, args)
-
-
-def _storage_extents(handle: IO[bytes]) -> dict[str, int]:
-    """The end of the last byte each ``.distcp`` file must hold, from a torch.distributed.checkpoint
-    ``.metadata`` pickle, found by walking its opcodes on a stack of stand-ins: no class is imported,
-    no callable is called. Raises ValueError for a pickle this walk cannot follow."""
-    import pickletools
-
-    stack: list[Any] = []
-    marks: list[list[Any]] = []
-    memo: dict[int, Any] = {}
-    extents: dict[str, int] = {}
-
-    def pop_mark() -> list[Any]:
-        items = stack[:]
-        stack[:] = marks.pop()
-        return items
-
-    for opcode, arg, _ in pickletools.genops(handle):
-        name = opcode.name
-        if name == "MEMOIZE":  # the most frequent opcodes first: this loop is the probe's cost
-            memo[len(memo)] = stack[-1]
-        elif name in ("BINGET", "LONG_BINGET", "GET"):
-            stack.append(memo[int(arg)])
-        elif name in _CONSTANTS:
-            stack.append(arg)
-        elif name == "MARK":
-            marks.append(stack[:])
-            stack.clear()
-        elif name in _CONTAINERS:
-            stack.append(_CONTAINERS[name]())
-        elif name == "EMPTY_TUPLE":
-            stack.append(())
-        elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
-            count = int(name[-1])
-            items = tuple(stack[-count:])
-            del stack[-count:]
-            stack.append(items)
-        elif name == "TUPLE":
-            stack.append(tuple(pop_mark()))
-        elif name == "LIST":
-            stack.append(pop_mark())
-        elif name == "APPEND":
-            item = stack.pop()
-            stack[-1].append(item)
-        elif name == "APPENDS":
-            items = pop_mark()
-            stack[-1].extend(items)
-        elif name in ("DICT", "SETITEMS"):
-            items = pop_mark()
-            target = {} if name == "DICT" else stack[-1]
-            target.update(zip(items[::2], items[1::2]))
-            if name == "DICT":
-                stack.append(target)
-        elif name == "SETITEM":
-            value, key = stack.pop(), stack.pop()
-            stack[-1][key] = value
-        elif name in ("ADDITEMS", "FROZENSET"):
-            items = pop_mark()
-            if name == "FROZENSET":
-                stack.append(frozenset(items))
-            else:
-                stack[-1].update(items)
-        elif name == "POP":
-            stack.pop()
-        elif name == "POP_MARK":
-            pop_mark()
-        elif name == "DUP":
-            stack.append(stack[-1])
-        elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
-            memo[int(arg)] = stack[-1]
-        elif name == "GLOBAL":
-            stack.append(_Global(*arg.split(" ", 1)))
-        elif name == "STACK_GLOBAL":
-            qualname = stack.pop()
-            stack.append(_Global(stack.pop(), qualname))
-        elif name in ("REDUCE", "NEWOBJ"):
-            args = stack.pop()
-            stack.append(stack.pop()(args))
-        elif name == "NEWOBJ_EX":
-            stack.pop()
-            args = stack.pop()
-            stack.append(stack.pop()(args))
-        elif name == "BUILD":
-            state = stack.pop()
-            built = stack[-1]
-            if isinstance(built, _Object):
-                built.state = state
-                if built.name.endswith("._StorageInfo"):
-                    fields = state[0] if isinstance(state, tuple) else state
-                    path, offset, length = (fields.get(key) for key in ("relative_path", "offset", "length"))
-                    if not (isinstance(path, str) and type(offset) is int and type(length) is int
-                            and offset >= 0 and length >= 0):
-                        raise ValueError("a shard record without a file, offset and length")
-                    extents[path] = max(extents.get(path, 0), offset + length)
-        elif name in ("NONE", "NEWTRUE", "NEWFALSE"):
-            stack.append({"NONE": None, "NEWTRUE": True, "NEWFALSE": False}[name])
-        elif name in ("PROTO", "FRAME"):
-            continue
-        elif name == "STOP":
-            return extents
-        else:
-            raise ValueError(f"opcode {name} is not used by checkpoint metadata")
-    raise ValueError("no STOP opcode")
-
-
-def distcp_metadata(path: str, deep: bool = False) -> str | None:
-    """torch.distributed.checkpoint's ``.metadata``: a whole pickle (PROTO ... STOP) whose shard records
-    (file, offset, length) all lie inside the ``.distcp`` files beside it. Walked, never unpickled."""
-    with open_regular(path) as handle:
-        size = handle.seek(0, os.SEEK_END)
-        handle.seek(0)
-        head = handle.read(2)
-        handle.seek(-1, os.SEEK_END)
-        tail = handle.read(1)
-        if head[:1] != b"\x80" or tail != b".":
-            return "pickle framing broken (truncated)"
-        if size > _METADATA_LIMIT:
-            return f"{size} bytes: implausibly large for checkpoint metadata"
-        handle.seek(0)
-        try:
-            extents = _storage_extents(handle)
-        except Exception as exc:  # pickletools and the walk raise ValueError, IndexError, KeyError ... on garbage
-            return f"pickle opcodes broken: {type(exc).__name__}: {str(exc)[:120]}"
-    directory = os.path.dirname(path)
-    for relative, end in sorted(extents.items()):
-        if not is_inside(relative):
-            return f"names shard file {relative[:80]!r}, outside the checkpoint"
-        try:
-            actual = os.stat(os.path.join(directory, relative)).st_size
-        except FileNotFoundError:
-            return f"names shard file {relative}, which is missing"
-        if actual < end:
-            return f"{relative} holds {actual} bytes, its shards need {end} (truncated)"
     return None
 
 

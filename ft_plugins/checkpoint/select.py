@@ -18,8 +18,10 @@ from typing import Any
 
 from ft_plugins.checkpoint.errors import CheckpointError
 from ft_plugins.checkpoint.layouts import FORMATS, Candidate, Layout, detect
-from ft_plugins.checkpoint.manifest import manifest_problems
+from ft_plugins.checkpoint.manifest import listed_files, manifest_problems
+from ft_plugins.checkpoint.parallel import each
 from ft_plugins.checkpoint.probes import probe
+from ft_plugins.checkpoint.verdicts import fingerprint, recall, record
 
 _COMMITTED_LOOKBACK = 3
 
@@ -114,16 +116,8 @@ class _Examiner:
         if listed is None:
             return ["cannot be listed (removed or unreadable)"]
         files, problems = listed
-        problems = list(problems)
-        uncommitted = []
-        per_rank = len(candidate.manifests) > 1  # then say whose manifest: its directory's name
-        for manifest, base in candidate.manifests:
-            whose = f"{os.path.basename(base)}/" if per_rank else ""
-            found = manifest_problems(manifest, base, self.deep)
-            if found is None:
-                uncommitted.append(f"{whose}{os.path.basename(manifest)}")
-            else:
-                problems += [f"{whose}{problem}" for problem in found]
+        manifest_found, uncommitted, probe_found = self._file_problems(candidate, files)
+        problems = [*problems, *manifest_found]
         if uncommitted or not candidate.manifests:
             neighbour = self._neighbour(index)
             reference = self.contents(neighbour) if neighbour is not None else None
@@ -131,16 +125,47 @@ class _Examiner:
                 other = os.path.basename(self.candidates[neighbour].path)
                 problems += [f"{role} missing (present in {other}, same run)"
                              for role in sorted(set(reference[0]) - set(files))]
-        for role, path in files.items():
-            reason = probe(path, self.deep)
-            if reason:
-                problems.append(f"{role}: {reason}")
+        problems += probe_found
         if not problems and uncommitted and self._older_committed(index):
             what = ("no manifest" if len(uncommitted) == len(candidate.manifests)
                     else f"no {', '.join(uncommitted)} (the other ranks committed)")
             problems.append(f"uncommitted: {what}, while older checkpoints of this run are committed "
                             "(the save did not finish on every rank)")
         return problems
+
+    def _file_problems(self, candidate: Candidate, files: dict[str, str]) -> tuple[list[str], list[str], list[str]]:
+        """``(manifest problems, manifests not written, probe problems)`` of the candidate's own files; where
+        the layout keeps verdicts, a recorded verdict that still matches the files stands for the checks."""
+        if not self.layout.keeps_verdicts:
+            return self._checked(candidate, files)
+        covered = [*files.values(), *(manifest for manifest, _ in candidate.manifests),
+                   *(path for manifest, base in candidate.manifests for path in listed_files(manifest, base))]
+        if recall(candidate.path, covered, self.deep):
+            return [], [_whose(candidate, base) + os.path.basename(manifest) for manifest, base in candidate.manifests
+                        if not os.path.exists(manifest)], []
+        before = fingerprint(candidate.path, covered)
+        found = self._checked(candidate, files)
+        if not found[0] and not found[2]:
+            record(candidate.path, covered, self.deep, before)
+        return found
+
+    def _checked(self, candidate: Candidate, files: dict[str, str]) -> tuple[list[str], list[str], list[str]]:
+        """The full check: each manifest compared with the files, each file probed (side by side)."""
+        manifest_found, uncommitted = [], []
+        for manifest, base in candidate.manifests:
+            found = manifest_problems(manifest, base, self.deep)
+            whose = _whose(candidate, base)
+            if found is None:
+                uncommitted.append(f"{whose}{os.path.basename(manifest)}")
+            else:
+                manifest_found += [f"{whose}{problem}" for problem in found]
+        reasons = each(lambda path: probe(path, self.deep), files.values())
+        return manifest_found, uncommitted, [f"{role}: {reason}" for role, reason in zip(files, reasons) if reason]
+
+
+def _whose(candidate: Candidate, base: str) -> str:
+    """How reasons name whose manifest it is: its directory's name where each rank has its own, else nothing."""
+    return f"{os.path.basename(base)}/" if len(candidate.manifests) > 1 else ""
 
 
 def find_latest(directory: str | os.PathLike[str], format: str = "auto", rank: int | None = None,
@@ -155,10 +180,11 @@ def find_latest(directory: str | os.PathLike[str], format: str = "auto", rank: i
     if rank is not None and (type(rank) is not int or rank < 0):
         raise CheckpointError(f"rank {rank!r} is not a rank: give a number from 0 (or none)")
     root = os.fspath(directory)
-    layout = detect(_entries(root), format)
+    entries = _entries(root)
+    layout = detect(entries, format)
     if layout is None:
         return Selection(None, None, None if format == "auto" else format, [])
-    scan = layout.scan(root, _entries(root), rank)
+    scan = layout.scan(root, entries, rank)
     examiner = _Examiner(layout, scan.candidates, deep)
     skipped = [Skipped(path, reason) for path, reason in scan.notes]
     for index, candidate in enumerate(scan.candidates):

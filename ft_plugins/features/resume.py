@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import TYPE_CHECKING
 
 from ft_plugins.checkpoint.errors import CheckpointError, NoIntactCheckpoint
@@ -51,16 +52,18 @@ class Resume(Feature):
         dump cut short) are not checkpoints: alone, they leave the job to start as it would without one."""
         from ft_plugins.checkpoint.select import find_latest
 
+        started = time.monotonic()
         selection = find_latest(directory, format, rank=rank, deep=self.settings["deep"])
+        checked = f"checked in {time.monotonic() - started:.1f} s"  # said in the job's log: what a restart pays
         self.loaded = selection
         level = logging.WARNING if is_rank_zero() else logging.DEBUG  # every rank sees the same: rank 0 says it
         for skipped in selection.skipped:
             log.log(level, "resume: skipped %s: %s", skipped.path, skipped.reason)
         if selection.path is not None:
             if selection.skipped:
-                log.warning("resume: using %s instead", selection.path)
+                log.warning("resume: using %s instead (%s)", selection.path, checked)
             else:
-                log.info("resume: newest checkpoint %s is intact", selection.path)
+                log.info("resume: newest checkpoint %s is intact (%s)", selection.path, checked)
         elif all(skipped.unfinished for skipped in selection.skipped):
             if selection.skipped:  # a dump cut short, say by the launcher's SIGKILL: no checkpoint was ever made
                 log.warning("resume: %s holds no checkpoint, only saves that never finished (%s); starting as the "

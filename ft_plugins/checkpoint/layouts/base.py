@@ -84,6 +84,9 @@ def manifest_inside(directory: str) -> list[tuple[str, str]]:
 
 class Layout:
     name = ""
+    # whether a candidate found intact keeps its verdict inside it (:mod:`..verdicts`): directories whose
+    # contents the layout names exactly, so that the verdict file is never taken for a checkpoint file
+    keeps_verdicts = False
 
     def scan(self, root: str, entries: list[os.DirEntry], rank: int | None) -> Scan:
         raise NotImplementedError

@@ -7,7 +7,7 @@ import re
 
 from ft_plugins.checkpoint.layouts.base import Candidate, Layout, Scan, dirs, is_kind, listdir, manifest_inside, mtime
 from ft_plugins.checkpoint.manifest import MANIFEST, beside
-from ft_plugins.checkpoint.probes import is_inside, read_json
+from ft_plugins.checkpoint.reading import is_inside, read_json
 
 
 class HuggingFace(Layout):

@@ -9,7 +9,8 @@ from ft_plugins.checkpoint.dump import pending_reason
 from ft_plugins.checkpoint.layouts.base import (SMALL_JSON, Candidate, Layout, Scan, dirs, listdir, manifest_inside,
                                                 tracker_of)
 from ft_plugins.checkpoint.naming import ITERATION_DIR, RELEASE, TRACKER, iteration_dir
-from ft_plugins.checkpoint.probes import read_json
+from ft_plugins.checkpoint.parallel import each
+from ft_plugins.checkpoint.reading import read_json
 
 _RELEASE_FIRST = 1 << 62  # a release named by the tracker sorts before every iteration
 
@@ -22,6 +23,7 @@ class Megatron(Layout):
     progress; the tracker names the last commit."""
 
     name = "megatron"
+    keeps_verdicts = True
     ITER = ITERATION_DIR
     RANK_DIR = re.compile(r"^mp_rank_\d{2}(_\d{3}){0,2}$")
     DIST_REQUIRED = (".metadata", "metadata.json")
@@ -69,8 +71,8 @@ class Megatron(Layout):
             return files, problems
         files = {}
         rank_dirs = [entry for entry in dirs(entries) if self.RANK_DIR.match(entry.name)]
-        for rank_dir in rank_dirs:
-            inner = {entry.name for entry in listdir(rank_dir.path)}
+        for rank_dir, listing in zip(rank_dirs, each(listdir, [entry.path for entry in rank_dirs])):
+            inner = {entry.name for entry in listing}
             for name in ("model_optim_rng.pt", *sorted(inner & {"distrib_optim.pt"})):
                 files[f"{rank_dir.name}/{name}"] = os.path.join(rank_dir.path, name)
         return files, [] if rank_dirs else ["no mp_rank_* directories and no torch_dist files"]

@@ -12,7 +12,8 @@ from ft_plugins.checkpoint.layouts.base import (SMALL_JSON, Candidate, Layout, S
                                                 mtime, tracker_of)
 from ft_plugins.checkpoint.manifest import manifest_name
 from ft_plugins.checkpoint.naming import TRACKER
-from ft_plugins.checkpoint.probes import ProtobufReader, open_regular, read_json
+from ft_plugins.checkpoint.probes import ProtobufReader
+from ft_plugins.checkpoint.reading import open_regular, read_json
 
 log = logging.getLogger("ft_plugins.resume")
 

@@ -1,0 +1,209 @@
+"""The remembered verdict: a restart trusts it only while every file it covers is exactly as checked, and the
+resume log line says what the check cost. Torch-format and torch_dist Megatron saves, committed as resume
+commits them."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from ft_plugins.checkpoint import commit, find_latest
+from ft_plugins.checkpoint import select as select_module
+from ft_plugins.checkpoint.distcp import storage_extents
+from ft_plugins.checkpoint.verdicts import VERDICT_FILE
+from ft_plugins.features.resume import Resume
+
+
+def _save(root: Path, iteration: int, dist: bool) -> Path:
+    """One committed Megatron checkpoint: ``mp_rank_00`` and ``mp_rank_01`` files, or a torch_dist directory."""
+    directory = root / f"iter_{iteration:07d}"
+    if dist:
+        import torch.distributed.checkpoint as dcp
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dcp.save({"w": torch.full((64,), float(iteration))}, checkpoint_id=str(directory), no_dist=True)
+        torch.save({"iteration": iteration}, directory / "common.pt")
+        (directory / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist", "common_backend": "torch"}))
+    else:
+        for rank in range(2):
+            (directory / f"mp_rank_{rank:02d}").mkdir(parents=True)
+            torch.save({"iteration": iteration, "w": torch.full((64,), float(rank))},
+                       directory / f"mp_rank_{rank:02d}" / "model_optim_rng.pt")
+    commit(directory)
+    (root / "latest_checkpointed_iteration.txt").write_text(str(iteration))
+    return directory
+
+
+def _data_file(checkpoint: Path) -> Path:
+    return next(checkpoint.glob("*.distcp"), None) or checkpoint / "mp_rank_01" / "model_optim_rng.pt"
+
+
+@pytest.fixture(params=["torch", "torch_dist"])
+def save(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    for iteration in (2, 4):
+        _save(tmp_path, iteration, request.param == "torch_dist")
+    return tmp_path
+
+
+@pytest.fixture
+def probes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every file the selection probes in full."""
+    probed: list[str] = []
+    real = select_module.probe
+
+    def counted(path: str, deep: bool = False) -> str | None:
+        probed.append(path)
+        return real(path, deep)
+
+    monkeypatch.setattr(select_module, "probe", counted)
+    return probed
+
+
+def test_a_restart_reads_the_verdict_instead_of_probing(save: Path, probes: list[str]) -> None:
+    newest = save / "iter_0000004"
+    assert find_latest(save).path == str(newest) and probes
+    assert (newest / VERDICT_FILE).is_file() and not (save / "iter_0000002" / VERDICT_FILE).exists()
+    probes.clear()
+    assert find_latest(save).path == str(newest) and probes == []
+
+
+def _rewrite_same_size_and_mtime(path: Path) -> None:
+    """Change one byte in place and put the modification time back: only the change time still tells."""
+    status = path.stat()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(status.st_atime_ns, status.st_mtime_ns))
+    assert path.stat().st_size == status.st_size and path.stat().st_mtime_ns == status.st_mtime_ns
+
+
+def _replace_with_copy_of_older(path: Path) -> None:
+    older = Path(str(path).replace("iter_0000004", "iter_0000002"))
+    replacement = path.with_name(path.name + ".new")
+    replacement.write_bytes(older.read_bytes())
+    status = path.stat()
+    os.utime(replacement, ns=(status.st_atime_ns, status.st_mtime_ns))
+    os.replace(replacement, path)
+
+
+CHANGES = {
+    "truncated": (lambda path: os.truncate(path, path.stat().st_size // 2), "the manifest says"),
+    "same size and mtime, one byte changed": (_rewrite_same_size_and_mtime, "content differs from the manifest"),
+    "replaced by the older save's file, mtime kept": (_replace_with_copy_of_older, "content differs from the manifest"),
+    "removed": (os.unlink, "missing"),
+}
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_a_file_changed_after_the_verdict_is_checked_again_and_refused(save: Path, probes: list[str],
+                                                                       change: str) -> None:
+    newest = save / "iter_0000004"
+    find_latest(save)
+    damage, reason = CHANGES[change]
+    damage(_data_file(newest))
+    probes.clear()
+    selection = find_latest(save)
+    assert probes  # the verdict no longer stands: the full check ran
+    assert selection.path == str(save / "iter_0000002")
+    assert selection.skipped[0].path == str(newest) and reason in selection.skipped[0].reason
+
+
+def test_a_file_added_or_a_manifest_changed_makes_the_verdict_count_for_nothing(save: Path, probes: list[str]) -> None:
+    newest = save / "iter_0000004"
+    find_latest(save)
+    manifest = newest / "ft_manifest.json"
+    manifest.write_text(manifest.read_text().replace('"size": ', '"size": 1'))
+    probes.clear()
+    assert find_latest(save).path == str(save / "iter_0000002") and probes
+    commit(newest)
+    find_latest(save)
+    extra = newest / ("__9_0.distcp" if any(newest.glob("*.distcp")) else "mp_rank_00/distrib_optim.pt")
+    extra.write_bytes(b"x")
+    probes.clear()
+    find_latest(save)
+    assert probes
+
+
+def test_a_garbage_or_forged_verdict_and_a_fast_one_for_a_deep_check_count_for_nothing(
+        save: Path, probes: list[str]) -> None:
+    newest = save / "iter_0000004"
+    verdict = newest / VERDICT_FILE
+    for text in ("{", json.dumps({"version": 1, "deep": True, "fingerprint": "0" * 40}), "[]"):
+        verdict.write_text(text)
+        probes.clear()
+        assert find_latest(save).path == str(newest) and probes
+    recorded = json.loads(verdict.read_text())
+    assert recorded["deep"] is False
+    verdict.write_text(json.dumps({**recorded, "version": recorded["version"] + 1}))
+    probes.clear()
+    find_latest(save)
+    assert probes
+    probes.clear()
+    find_latest(save, deep=True)
+    assert probes and json.loads(verdict.read_text())["deep"] is True
+    probes.clear()
+    find_latest(save)  # a deep verdict serves the fast check
+    assert probes == []
+
+
+def test_a_verdict_is_never_recorded_for_a_damaged_checkpoint_nor_where_it_cannot_be_written(
+        save: Path, probes: list[str]) -> None:
+    newest = save / "iter_0000004"
+    os.truncate(_data_file(newest), 10)
+    assert find_latest(save).path == str(save / "iter_0000002")
+    assert not (newest / VERDICT_FILE).exists() and (save / "iter_0000002" / VERDICT_FILE).exists()
+    older = save / "iter_0000002"
+    (older / VERDICT_FILE).unlink()
+    older.chmod(0o555)
+    try:
+        assert find_latest(save).path == str(older)
+        assert not (older / VERDICT_FILE).exists() or os.geteuid() == 0
+    finally:
+        older.chmod(0o755)
+
+
+def test_the_verdict_file_is_left_out_of_a_later_commit(save: Path) -> None:
+    newest = save / "iter_0000004"
+    find_latest(save)
+    manifest = json.loads(Path(commit(newest)).read_text())
+    assert VERDICT_FILE not in manifest["files"]
+
+
+def test_resume_says_what_the_check_cost(save: Path, caplog: pytest.LogCaptureFixture) -> None:
+    resume = Resume("pt", {option.name: option.default for option in Resume.options})
+    resume.start()
+    with caplog.at_level(logging.INFO, logger="ft_plugins"):
+        resume.choose(str(save))
+        os.truncate(_data_file(save / "iter_0000004"), 10)
+        resume.choose(str(save))
+    lines = [record.getMessage() for record in caplog.records]
+    assert any(line.startswith(f"resume: newest checkpoint {save / 'iter_0000004'} is intact (checked in ")
+               and line.endswith(" s)") for line in lines), lines
+    assert any(line.startswith(f"resume: using {save / 'iter_0000002'} instead (checked in ") for line in lines), lines
+
+
+def _text(value: str) -> bytes:
+    return b"X" + len(value.encode()).to_bytes(4, "little") + value.encode()
+
+
+def test_metadata_reader_imports_and_calls_nothing_the_file_names(tmp_path: Path) -> None:
+    """A shard record of a module that does not exist, beside a call of os.system: the extents are read,
+    no module is imported, nothing is called."""
+    import io
+
+    called = tmp_path / "called"
+    record = (b"cft_never_imported.filesystem\n_StorageInfo\n)\x81}(" + _text("relative_path") + _text("__0_0.distcp")
+              + _text("offset") + b"K\x08" + _text("length") + b"K\x04ub")
+    call = b"cos\nsystem\n" + _text(f"touch {called}") + b"\x85R"
+    data = b"\x80\x02" + record + call + b"\x86."
+    before = set(sys.modules)
+    assert storage_extents(io.BytesIO(data)) == {"__0_0.distcp": 12}
+    assert set(sys.modules) == before and not called.exists()
