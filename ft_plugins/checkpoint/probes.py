@@ -2,7 +2,8 @@
 
 Each probe returns ``None`` for a sound file or a short reason. The fast form reads only what
 locates the data (a zip's end records and central directory, a safetensors header, protobuf field
-headers, a pickle's shard records read by inert stand-ins: :mod:`.distcp`); the deep form also reads the data (zip CRCs, nested protobuf framing).
+headers, a DCP pickle's shard records read by inert stand-ins: :mod:`.distcp`); the deep form also
+reads the data (zip CRCs, nested protobuf framing).
 Whatever a file claims, memory stays bounded: payloads are seeked over or streamed, headers are
 capped, and only regular files are opened (never a device, a FIFO or a directory).
 """

@@ -56,8 +56,8 @@ def recall(directory: str, paths: Iterable[str], deep: bool) -> bool:
         recorded = read_json(os.path.join(directory, VERDICT_FILE), _LIMIT)
     except (OSError, ValueError):
         return False
-    if not (isinstance(recorded, dict) and recorded.get("version") == VERSION and isinstance(recorded.get("fingerprint"), str)
-            and (recorded.get("deep") is True or not deep)):
+    if not (isinstance(recorded, dict) and recorded.get("version") == VERSION
+            and isinstance(recorded.get("fingerprint"), str) and (recorded.get("deep") is True or not deep)):
         return False
     return recorded["fingerprint"] == fingerprint(directory, paths)
 

@@ -31,7 +31,8 @@ def _save(root: Path, iteration: int, dist: bool) -> Path:
             warnings.simplefilter("ignore")
             dcp.save({"w": torch.full((64,), float(iteration))}, checkpoint_id=str(directory), no_dist=True)
         torch.save({"iteration": iteration}, directory / "common.pt")
-        (directory / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist", "common_backend": "torch"}))
+        (directory / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist",
+                                                             "common_backend": "torch"}))
     else:
         for rank in range(2):
             (directory / f"mp_rank_{rank:02d}").mkdir(parents=True)
