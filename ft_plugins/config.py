@@ -10,13 +10,15 @@ Every malformed value raises :class:`ConfigError` naming the variable and what i
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from collections import namedtuple
+from typing import Any, Callable, Mapping, Sequence
 
 SELECT_VAR = "FT_PLUGINS"
 STRICT_VAR = "FT_PLUGINS_STRICT"
 LOG_VAR = "FT_PLUGINS_LOG"
 INJECT_VAR = "FT_PLUGINS_INJECT_FAULT"  # fire drills: parsed by ft_plugins.faults
 RECOVERY_VAR = "FT_PLUGINS_RECOVERY"  # set by recover's launcher side for its workers: ft_plugins.recovery
+RESTART_VAR = "TORCHELASTIC_RESTART_COUNT"  # torchrun's restart attempt a worker belongs to (0: the first)
 LOG_LEVELS = ("debug", "info", "warning", "error")
 PREFIX = "FT_PLUGINS_"
 
@@ -55,14 +57,17 @@ def parse_positive_int(raw: str) -> int:
     return value
 
 
-class Option(NamedTuple):
+# collections' namedtuple, not typing.NamedTuple: that compiles each field's annotation when the class is made
+# (import time: every training process makes these); the annotations below only document the fields
+class Option(namedtuple("Option", ("name", "default", "help", "parse", "choices"), defaults=(str, ()))):
     """One per-feature option, settable as ``FT_PLUGINS_<FEATURE>_<NAME>`` or as a keyword."""
 
+    __slots__ = ()
     name: str
     default: Any
     help: str
-    parse: Callable[[str], Any] = str
-    choices: tuple[str, ...] = ()
+    parse: Callable[[str], Any]  # default str
+    choices: tuple[str, ...]  # default ()
 
     def convert(self, raw: Any, source: str) -> Any:
         """Turn a raw value (env string or keyword) into the option's type, or raise ConfigError."""
@@ -81,14 +86,16 @@ class Option(NamedTuple):
             raise ConfigError(f"{source}={raw!r} is not valid: {exc} ({self.help})") from None
 
 
-class Config(NamedTuple):
+class Config(namedtuple("Config", ("selection", "listed", "strict", "log_level", "options"),
+                        defaults=(frozenset(), False, "info", {}))):
     """The resolved selection and options. ``selection`` is ``auto``, ``all``, ``none`` or ``list``."""
 
+    __slots__ = ()
     selection: str
-    listed: frozenset[str] = frozenset()
-    strict: bool = False
-    log_level: str = "info"
-    options: Mapping[str, Mapping[str, Any]] = {}  # read-only: load() always passes its own
+    listed: frozenset[str]  # default empty
+    strict: bool  # default False
+    log_level: str  # default "info"
+    options: Mapping[str, Mapping[str, Any]]  # default {}, read-only: load() always passes its own
 
     def requested(self, feature: str) -> bool | None:
         """True: the user asked for it; False: switched off; None: on if its runtime is present."""

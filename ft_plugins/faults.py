@@ -20,13 +20,12 @@ import time
 from dataclasses import dataclass
 from typing import Mapping
 
-from ft_plugins.config import INJECT_VAR, ConfigError
+from ft_plugins.config import INJECT_VAR, RESTART_VAR, ConfigError
 from ft_plugins.rank import global_rank
 from ft_plugins.recovery import replacement
 
 log = logging.getLogger("ft_plugins.faults")
 
-RESTART_VAR = "TORCHELASTIC_RESTART_COUNT"
 KINDS = ("kill", "term", "exception", "exit", "hang")
 POINTS = ("forward", "update", "save", "join")
 EXAMPLE = "rank=1,step=3,kind=kill,at=forward"

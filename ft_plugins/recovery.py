@@ -23,7 +23,7 @@ import gc
 import json
 from typing import Mapping, NamedTuple
 
-from ft_plugins.config import RECOVERY_VAR
+from ft_plugins.config import RECOVERY_VAR, RESTART_VAR
 
 PREFIX = "ft_plugins/recover"
 
@@ -76,8 +76,15 @@ def replacement_value(generation: int, life: int) -> str:
     return f"{generation},{life}"
 
 
-def namespace(run_id: str) -> str:
-    return f"{PREFIX}/{run_id or 'none'}/"
+def namespace(run_id: str, attempt: int) -> str:
+    """The protocol's keys on torchrun's store, per job and per torchrun restart attempt: after a whole-job
+    restart (``--max-restarts``) the protocol starts afresh, its generations counted from 0 again."""
+    return f"{PREFIX}/{run_id or 'none'}/{attempt}/"
+
+
+def worker_namespace(env: Mapping[str, str]) -> str:
+    """:func:`namespace` as a worker knows it, from torchrun's variables."""
+    return namespace(env.get("TORCHELASTIC_RUN_ID", ""), int(env.get(RESTART_VAR, "0") or 0))
 
 
 def key(generation: int, name: str) -> str:

@@ -272,6 +272,10 @@ def plan(command: Sequence[str], features: str | None = None, inject_fault: str 
     rendezvous = None if taskd_agent else restart_rendezvous(command)
     if rendezvous == "static":
         warnings.append(STATIC_RESTARTS)
+    elif rendezvous == "c10d" and cfg.requested("recover"):
+        notes.append("recover with torchrun's restarts: a lost rank is replaced in place, a failure that cannot be "
+                     "repaired in place restarts the whole job; the workers keep the agent's store (recover's "
+                     "protocol lives there), each attempt's process groups under a prefix of their own")
     elif rendezvous == "c10d" and FRESH_STORE_VAR not in base:
         changes[FRESH_STORE_VAR] = "1"
         notes.append(f"{FRESH_STORE_VAR}=1: each torchrun restart attempt gets a fresh rendezvous store, so "

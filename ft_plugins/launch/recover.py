@@ -34,6 +34,7 @@ from datetime import timedelta
 from typing import Any, Callable, Sequence
 
 from ft_plugins.config import RECOVERY_VAR
+from ft_plugins.launch.environment import launcher_options, torchrun_option
 from ft_plugins.launch.process import adopt_orphans, reap_adopted
 from ft_plugins.launch.spare import EXIT, READY, TOOK, Lines
 from ft_plugins.recovery import key, namespace, replacement_value
@@ -188,11 +189,25 @@ class Supervisor:
 
     def __init__(self, spares: int = 0) -> None:
         self.spares = Spares(spares)
+        self._begin_attempt(0)
+
+    def _begin_attempt(self, attempt: int) -> None:
+        """The protocol's state for one torchrun restart attempt: a whole-job restart (``--max-restarts``, what
+        follows a failure this cannot repair) starts the workers, and in-place recovery, afresh."""
+        self.attempt = attempt  # torchrun's restart count: the workers' TORCHELASTIC_RESTART_COUNT
         self.store: Any = None
         self.generation = 0
         self.lives: dict[int, int] = {}  # local rank -> replacements so far
         self.settled = 0  # the newest generation every rank finished repairing
-        self.refusal = ""  # once set, torchrun's own handling runs for every failure
+        self.refusal = ""  # once set, torchrun's own handling runs for every failure of this attempt
+
+    def _follow_restarts(self, agent: Any, spec: Any) -> None:
+        """Notice a whole-job restart by torchrun (its restart count moved): start the protocol afresh."""
+        attempt = spec.max_restarts - agent._remaining_restarts
+        if attempt != self.attempt:
+            self._begin_attempt(attempt)
+            log.warning("recover: torchrun restarted the whole job (attempt %d of %d): lost ranks are replaced in "
+                        "place again", attempt + 1, spec.max_restarts + 1)
 
     def install(self) -> None:
         """Wrap the agent's monitoring round (imported here: this runs in the torchrun process only)."""
@@ -208,6 +223,8 @@ class Supervisor:
         worker_group = kwargs.get("worker_group", args[0] if args else None)
         context = getattr(agent, "_pcontext", None)
         handlers = getattr(context, "subprocess_handlers", None)
+        if worker_group is not None:
+            self._follow_restarts(agent, worker_group.spec)
         if worker_group is not None and handlers and not self.refusal:
             if self._settled(worker_group):
                 self.spares.refill(context)
@@ -294,7 +311,7 @@ class Supervisor:
 
         client = TCPStore(worker_group.master_addr, worker_group.master_port, is_master=False,
                           timeout=STORE_TIMEOUT)
-        self.store = PrefixStore(namespace(worker_group.spec.rdzv_handler.get_run_id()), client)
+        self.store = PrefixStore(namespace(worker_group.spec.rdzv_handler.get_run_id(), self.attempt), client)
 
     @staticmethod
     def _start(context: Any, local_rank: int, env: dict[str, str]) -> Any:
@@ -352,6 +369,11 @@ def install(spares: int) -> bool:
         log.warning("recover: torchrun's agent not adapted (%s: %s); a lost rank restarts the whole job",
                     type(exc).__name__, exc)
         return False
-    log.info("recover: torchrun's agent restarts only a failed worker%s", f", {spares} warm spare"
-             f"{'s' if spares > 1 else ''} kept started" if spares else "")
+    restarts = torchrun_option(launcher_options(getattr(sys, "orig_argv", sys.argv)[1:]), os.environ,
+                               "--max-restarts", "0")
+    log.info("recover: torchrun's agent restarts only a failed worker%s; %s", f", {spares} warm spare"
+             f"{'s' if spares > 1 else ''} kept started" if spares else "",
+             f"a failure it cannot repair in place restarts the whole job (--max-restarts {restarts})"
+             if restarts.isdigit() and int(restarts) else "a failure it cannot repair in place ends the job after "
+             "ttp's dump (--max-restarts 0)")
     return True

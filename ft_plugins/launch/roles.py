@@ -86,11 +86,12 @@ def boot() -> Role:
 
         hooks.prepare_launcher(role.name)
     elif role.active:
+        from ft_plugins.attempts import keep_attempts_apart
         from ft_plugins.patching import when_imported
         from ft_plugins.recovery import defer_collection
 
         defer_collection(os.environ)
-
+        when_imported("torch.distributed.rendezvous", keep_attempts_apart)
         for framework, glue in FRAMEWORK_GLUE.items():
             when_imported(framework, lambda _module, glue=glue: _activate(glue))
     return role

@@ -31,7 +31,7 @@ from typing import Any, Callable
 from ft_plugins.features.recover import Recover
 from ft_plugins.patching import Patch
 from ft_plugins.rank import global_rank, is_rank_zero
-from ft_plugins.recovery import key, namespace
+from ft_plugins.recovery import key, worker_namespace
 from ft_plugins.torch import loop
 from ft_plugins.torch.handover import (Batches, apply, receive, send, set_rng, state_at, unreplicated,
                                        without_load)
@@ -286,7 +286,7 @@ class MindioRecovery:
     def _launcher_store(self) -> Any:
         from torch.distributed import PrefixStore
 
-        return PrefixStore(namespace(os.environ.get("TORCHELASTIC_RUN_ID", "")), self._store())
+        return PrefixStore(worker_namespace(os.environ), self._store())
 
     def _store_generation(self) -> int:
         """The generation ``ft-plugins run``'s launcher announced (0 under another launcher)."""

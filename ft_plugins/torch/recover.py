@@ -43,8 +43,8 @@ from ft_plugins import faults
 from ft_plugins.features.recover import Recover
 from ft_plugins.patching import Patch
 from ft_plugins.rank import global_rank, is_rank_zero
-from ft_plugins.recovery import (LOG, SAVE as SAVING, STEP, Standing, key, namespace, plan, replacement,
-                                 resume_collection, resumption, supervised)
+from ft_plugins.recovery import (LOG, SAVE as SAVING, STEP, Standing, key, plan, replacement,
+                                 resume_collection, resumption, supervised, worker_namespace)
 from ft_plugins.steps import FORWARD, IDLE, UPDATED
 from ft_plugins.torch import loop
 from ft_plugins.torch.handover import (Batches, apply, instance_place, receive, send, set_rng, state_at,
@@ -393,7 +393,7 @@ class MegatronRecovery:
                 raise Fallback("the workers' store is not torchrun's agent store (it would die with rank 0)")
             client = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                               timeout=timedelta(seconds=self.timeout))
-            self.store = PrefixStore(namespace(os.environ.get("TORCHELASTIC_RUN_ID", "")), client)
+            self.store = PrefixStore(worker_namespace(os.environ), client)
         return self.store
 
     def _await(self, generation: int, name: str, what: str) -> bytes:

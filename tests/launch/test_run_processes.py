@@ -263,6 +263,25 @@ def test_torchrun_restarts_over_c10d_get_a_fresh_store_and_over_static_a_warning
         assert "--standalone" in environment.STATIC_RESTARTS and "--rdzv-backend c10d" in environment.STATIC_RESTARTS
 
 
+@pytest.mark.parametrize("features", ["ttp,recover", "all"])
+def test_recover_with_restarts_keeps_the_agents_store_and_says_how_the_two_combine(features: str) -> None:
+    plan = environment.plan(["torchrun", "--standalone", "--max-restarts", "3", "train.py"], features=features,
+                            env={"PATH": os.environ["PATH"]})
+    assert environment.FRESH_STORE_VAR not in plan.changes
+    (note,) = plan.notes
+    assert note.startswith("recover with torchrun's restarts: a lost rank is replaced in place, a failure that "
+                           "cannot be repaired in place restarts the whole job")
+
+
+def test_each_restart_attempt_gets_its_own_store_prefix_on_the_agents_store() -> None:
+    from ft_plugins.attempts import attempt_prefix
+
+    agent = {"TORCHELASTIC_USE_AGENT_STORE": "True"}
+    assert attempt_prefix({**agent, "TORCHELASTIC_RESTART_COUNT": "0"}) is None  # nothing before it to collide with
+    assert attempt_prefix({**agent, "TORCHELASTIC_RESTART_COUNT": "2"}) == "ft_plugins/attempt2/"
+    assert attempt_prefix({"TORCHELASTIC_USE_AGENT_STORE": "False", "TORCHELASTIC_RESTART_COUNT": "2"}) is None
+
+
 def test_a_store_setting_the_user_made_wins() -> None:
     plan = environment.plan(["torchrun", "--standalone", "--max-restarts", "1", "train.py"],
                             env={"PATH": os.environ["PATH"], environment.FRESH_STORE_VAR: "0"})

@@ -81,12 +81,12 @@ class CountingSpares:
 def _round(supervisor: Supervisor) -> int:
     """One monitoring round of a healthy 4-worker group; the refills it made."""
     worker = SimpleNamespace(world_size=4, id=None)
-    group = SimpleNamespace(workers=[worker] * 4)
+    group = SimpleNamespace(workers=[worker] * 4, spec=SimpleNamespace(max_restarts=3))
     context = SimpleNamespace(subprocess_handlers={0: SimpleNamespace(proc=SimpleNamespace(poll=lambda: None))},
                               _running_local_ranks={0}, pids=lambda: {0: 1})
     before = supervisor.spares.refills
     supervisor.monitor(lambda *a, **k: SimpleNamespace(state=SimpleNamespace(name="HEALTHY")),
-                       SimpleNamespace(_pcontext=context), (group,), {})
+                       SimpleNamespace(_pcontext=context, _remaining_restarts=3), (group,), {})
     return supervisor.spares.refills - before
 
 

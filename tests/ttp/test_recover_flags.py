@@ -30,3 +30,30 @@ def test_overlap_grad_reduce_a_rank_lost_in_forward_is_replaced_in_place(overlap
     assert not overlapped.lines("dumped"), "met in place, not by the dump"
     assert overlapped.tracker() == str(ITERS)
     assert same_as_reference(overlapped, reference, ITERS) == []
+
+
+RESTARTS = ("--standalone", "--max-restarts", "3")
+LOST, RAISED = 2, 4  # rank 1 killed after 2 steps (in place); rank 0's own exception after 4 (no one to replace)
+
+
+@pytest.fixture(scope="module")
+def restarting(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    workdir = tmp_path_factory.mktemp("recover_max_restarts")
+    save = workdir / "ckpt"
+    return run_supervised(workdir, Launch(2), "--save-interval", "100", "--load", str(save), launcher=RESTARTS,
+                          FT_PLUGINS="ttp,recover,resume",
+                          FT_PLUGINS_INJECT_FAULT=f"rank=1,step={LOST},kind=kill;rank=0,step={RAISED},kind=exception")
+
+
+def test_max_restarts_in_place_first_then_the_whole_restart_torchrun_was_asked_for(restarting: Job,
+                                                                                   reference: Job) -> None:
+    assert restarting.returncode == 0, restarting.output[-6000:]
+    assert restarting.lines("a failure it cannot repair in place restarts the whole job (--max-restarts 3)")
+    assert not restarting.lines("the workers' store is not the agent's")
+    assert restarting.lines(f"every rank stands at step {LOST}, training continues at step {LOST + 1}"), "in place"
+    assert restarting.lines(f"dumped mp_rank_00 of iteration {RAISED} in"), "the exception fell back to the dump"
+    assert restarting.lines("recover: torchrun restarted the whole job (attempt 2 of 4)")
+    assert restarting.lines(f"loading checkpoint from {restarting.save} at iteration {RAISED}")
+    assert not restarting.lines("connectFullMesh failed")
+    assert restarting.tracker() == str(ITERS)
+    assert same_as_reference(restarting, reference, ITERS, rng=False) == []  # after a resume: see differences()

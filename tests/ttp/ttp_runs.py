@@ -46,12 +46,13 @@ def run_job(workdir: Path, *args: str, launcher: tuple[str, ...] = (), entry: Pa
     return Job(result.returncode, result.stdout + result.stderr, save)
 
 
-def run_supervised(workdir: Path, launch: "Launch", *args: str, **env: str) -> Job:
-    """``ft-plugins run -- torchrun ...`` (the launcher that replaces a lost worker in place) on the Megatron example."""
+def run_supervised(workdir: Path, launch: "Launch", *args: str, launcher: tuple[str, ...] = (), **env: str) -> Job:
+    """``ft-plugins run -- torchrun ...`` (the launcher that replaces a lost worker in place) on the Megatron example;
+    ``launcher``: more of torchrun's own options."""
     save = workdir / "ckpt"
     command = [sys.executable, "-m", "ft_plugins.cli", "run", "--", TORCHRUN, "--nproc-per-node", str(launch.nproc),
-               "--master-port", str(free_port()), str(MEGATRON_EXAMPLE), *launch.args, "--train-iters", str(ITERS),
-               "--save", str(save), *args]
+               "--master-port", str(free_port()), *launcher, str(MEGATRON_EXAMPLE), *launch.args,
+               "--train-iters", str(ITERS), "--save", str(save), *args]
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "FT_FAKE", "TORCHELASTIC"))}
     result = subprocess.run(command, cwd=workdir, env={**clean, **dict(launch.env), **env}, capture_output=True,
                             text=True, timeout=400)
