@@ -26,6 +26,7 @@ from typing import Mapping, NamedTuple
 from ft_plugins.config import RECOVERY_VAR, RESTART_VAR
 
 PREFIX = "ft_plugins/recover"
+REFUSED = "refused"  # a worker's reason, set at the start, why no lost rank of this run can be replaced
 
 
 class Replacement(NamedTuple):

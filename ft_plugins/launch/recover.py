@@ -37,7 +37,7 @@ from ft_plugins.config import RECOVERY_VAR
 from ft_plugins.launch.environment import launcher_options, torchrun_option
 from ft_plugins.launch.process import adopt_orphans, reap_adopted
 from ft_plugins.launch.spare import EXIT, READY, TOOK, Lines
-from ft_plugins.recovery import key, namespace, replacement_value
+from ft_plugins.recovery import REFUSED, key, namespace, replacement_value
 
 log = logging.getLogger("ft_plugins.recover")
 
@@ -288,6 +288,8 @@ class Supervisor:
                     "with rank 0; launch without it")
         try:
             self._connect(worker_group)
+            if self.store.check([REFUSED]):  # said at the start by the workers (pipeline parallelism, ...)
+                return f"the workers refused in-place recovery at the start ({self.store.get(REFUSED).decode()})"
             upcoming = key(self.generation + 1, "abandoned")
             if self.store.check([upcoming]):  # a worker gave the next generation up (an exception, not a loss)
                 return f"generation {self.generation + 1} was given up: {self.store.get(upcoming).decode()}"

@@ -35,6 +35,16 @@ def unreplicated(megatron_args: Any) -> str:
     return ""
 
 
+def unsupported(iterator: Any, megatron_args: Any) -> str:
+    """Why a lost rank cannot be replaced in this run (empty when it can)."""
+    if isinstance(iterator, list) or megatron_args.pipeline_model_parallel_size > 1:
+        return "pipeline parallelism is not handled yet (ttp's dump still is)"
+    if getattr(megatron_args, "ckpt_format", "torch") != "torch":
+        return (f"--ckpt-format {megatron_args.ckpt_format}: the hand-over sends the torch format's state "
+                "(use --ckpt-format torch)")
+    return unreplicated(megatron_args)
+
+
 def instance_place(optimizer: Any) -> int | None:
     """This rank's place in its distributed-optimizer instance: ranks at the same place of every instance hold
     the same shard. None without the distributed optimizer (every data-parallel rank holds all of it)."""

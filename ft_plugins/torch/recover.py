@@ -43,12 +43,12 @@ from ft_plugins import faults
 from ft_plugins.features.recover import Recover
 from ft_plugins.patching import Patch
 from ft_plugins.rank import global_rank, is_rank_zero
-from ft_plugins.recovery import (LOG, SAVE as SAVING, STEP, Standing, key, plan, replacement,
+from ft_plugins.recovery import (LOG, REFUSED, SAVE as SAVING, STEP, Standing, key, plan, replacement,
                                  resume_collection, resumption, supervised, worker_namespace)
 from ft_plugins.steps import FORWARD, IDLE, UPDATED
 from ft_plugins.torch import loop
 from ft_plugins.torch.handover import (Batches, apply, instance_place, receive, send, set_rng, state_at,
-                                       unreplicated, without_load)
+                                       unsupported, without_load)
 from ft_plugins.torch.regroup import Regroup, megatron_roots, require_successors
 from ft_plugins.torch.state import current_iteration, megatron
 from ft_plugins.torch.ttp import MegatronTtp
@@ -116,6 +116,7 @@ class MegatronRecovery:
                 log.error("recover: replacement of rank %s cannot join: %s", os.environ.get("RANK"), self.refusal)
                 raise SystemExit(EXIT_ON_ERROR)
             _rank_zero("recover: a lost rank cannot be replaced in this run: %s", self.refusal)
+            self._publish_refusal()
             return wrapped(*args, **kwargs)
         self.objects = (given["model"], given["optimizer"], given["opt_param_scheduler"])
         iterator = given["train_data_iterator"]
@@ -396,6 +397,14 @@ class MegatronRecovery:
             self.store = PrefixStore(worker_namespace(os.environ), client)
         return self.store
 
+    def _publish_refusal(self) -> None:
+        """Tell the launcher before any failure, so that it leaves a lost rank to torchrun's own handling instead
+        of starting a replacement that could not join (a second failure)."""
+        try:
+            self._store().set(REFUSED, self.refusal)
+        except Exception as exc:  # no agent store: the launcher refuses by itself then
+            log.debug("recover: refusal not published: %s: %s", type(exc).__name__, exc)
+
     def _await(self, generation: int, name: str, what: str) -> bytes:
         store, deadline = self._store(), time.monotonic() + self.timeout
         while True:
@@ -412,13 +421,6 @@ class MegatronRecovery:
         lost = int(self._await(generation, "lost", "the launcher's announcement"))
         return {rank: Standing.decode(self._await(generation, f"state/{rank}", f"rank {rank}'s standing"))
                 for rank in range(world) if rank != lost}
-
-
-def unsupported(iterator: Any, megatron_args: Any) -> str:
-    """Why a lost rank cannot be replaced in this run (empty when it can)."""
-    if isinstance(iterator, list) or megatron_args.pipeline_model_parallel_size > 1:
-        return "pipeline parallelism is not handled yet (ttp's dump still is)"
-    return unreplicated(megatron_args)
 
 
 def _what_this_rank_holds(optimizer: Any) -> tuple[int, int | None]:
