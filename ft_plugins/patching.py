@@ -15,7 +15,8 @@ import logging
 import sys
 from contextlib import contextmanager
 from types import ModuleType
-from typing import Any, Callable, Iterator, NamedTuple
+from collections import namedtuple
+from typing import Any, Callable, Iterator
 
 import wrapt
 
@@ -24,13 +25,15 @@ log = logging.getLogger("ft_plugins")
 Wrapper = Callable[[Callable[..., Any], Any, tuple, dict], Any]
 
 
-class Patch(NamedTuple):
+# collections' namedtuple, not typing.NamedTuple: that compiles each field's annotation when the class is made
+class Patch(namedtuple("Patch", ("module", "attribute", "wrapper", "required"), defaults=(True,))):
     """``attribute`` is a module global, or ``Class.method`` (wrapped on the class, for every instance)."""
 
+    __slots__ = ()
     module: str
     attribute: str
     wrapper: Wrapper
-    required: bool = True
+    required: bool  # default True
 
 
 class MissingSymbol(LookupError):

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Mapping, NamedTuple, Sequence, TypeVar
+from collections import namedtuple
+from typing import Any, Mapping, Sequence, TypeVar
 
 from ft_plugins import config as config_module
 from ft_plugins import logs
@@ -34,11 +35,13 @@ class FeatureUnavailable(RuntimeError):
 LAUNCHER_FEATURES_VAR = "FT_LAUNCHER_FEATURES"  # "taskd=on,mstx=off,...": what the launcher found
 
 
-class FeatureStatus(NamedTuple):
+# collections' namedtuple, not typing.NamedTuple: that compiles each field's annotation when the class is made
+class FeatureStatus(namedtuple("FeatureStatus", ("name", "enabled", "reason", "requested"), defaults=(False,))):
+    __slots__ = ()
     name: str
     enabled: bool
     reason: str
-    requested: bool = False  # asked for by name or ``all``
+    requested: bool  # asked for by name or ``all``; default False
 
     def describe(self) -> str:
         if self.enabled:

@@ -16,7 +16,8 @@ import importlib
 import importlib.util
 import re
 from types import ModuleType
-from typing import Any, Callable, Mapping, NamedTuple
+from collections import namedtuple
+from typing import Any, Callable, Mapping
 
 from ft_plugins.vendors import VendorUnavailable, versions
 
@@ -99,13 +100,15 @@ def load_framework_api() -> ModuleType:
     return module
 
 
-class Endpoint(NamedTuple):
+# collections' namedtuple, not typing.NamedTuple: that compiles each field's annotation when the class is made
+class Endpoint(namedtuple("Endpoint", ("controller", "processor", "port", "tls_info"), defaults=("",))):
     """Where the controller listens and the processors connect; TLS only when ``tls_info`` is given."""
 
+    __slots__ = ()
     controller: str
     processor: str
     port: int
-    tls_info: str = ""
+    tls_info: str  # default ""
 
 
 def endpoint(env: Mapping[str, str], addr: str = "", port: int = 0, tls_info: str = "") -> Endpoint:

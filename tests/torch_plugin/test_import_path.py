@@ -74,3 +74,16 @@ def test_the_deferred_hf_glue_patches_only_the_modules_its_sets_wait_for(monkeyp
             assert not any(hasattr(part, "on_event") for part in wrappers), patch_set.name
     finally:
         runtime.stop()
+
+
+def test_the_import_time_records_document_exactly_their_fields() -> None:
+    """They are collections' named tuples (typing's compiles each annotation when the class is made), each field
+    named in the call and again, typed, in the class: the two lists must not drift apart."""
+    from ft_plugins.config import Config, Option
+    from ft_plugins.patching import Patch
+    from ft_plugins.runtime import FeatureStatus
+    from ft_plugins.vendors.mindio import Endpoint
+
+    for record in (Option, Config, Patch, FeatureStatus, Endpoint):
+        assert record._fields == tuple(record.__annotations__), record.__name__
+        assert record.__slots__ == (), record.__name__  # no instance dictionary, as a typing.NamedTuple has none
