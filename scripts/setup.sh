@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv with the pinned frameworks (CPU) and ft_plugins installed editable. Idempotent:
-# a second run only re-installs ft_plugins unless scripts/requirements.txt or this file changed.
+# Create .venv with the pinned frameworks (CPU) and ft_plugins built and installed from its wheel. Idempotent:
+# a second run only rebuilds and re-installs ft_plugins unless scripts/requirements.txt or this file changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3.11}"
@@ -69,4 +69,14 @@ if [ "$(cat "$REAL_TASKD/.built" 2>/dev/null)" != "$taskd_want" ]; then
   echo "$taskd_want" > "$REAL_TASKD/.built"
   echo "built the real TaskD (libtaskd.so) in $REAL_TASKD: $((SECONDS - started)) s"
 fi
-"$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -e .
+# ft_plugins itself as users get it: an sdist built from the tree, the wheel built from that sdist, and the
+# wheel installed (never editable), so that the tests and the demo run what `pip install` gives; the tests
+# refuse to run against the tree itself (tests/conftest.py).
+DIST="$VENV/dist"
+rm -rf "$DIST" build ./*.egg-info  # an earlier build's file list would feed the sdist
+if ! "$VENV/bin/python" -m build --no-isolation --outdir "$DIST" . > "$VENV/build.log" 2>&1; then
+  cat "$VENV/build.log" >&2
+  echo "setup.sh: building ft_plugins' sdist and wheel failed (above)" >&2
+  exit 1
+fi
+"$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall "$DIST"/ft_plugins-*.whl

@@ -9,10 +9,11 @@ cd "$(dirname "$0")/.."
 FAST=(
   tests/core tests/test_packaging.py
   tests/checkpoint/test_core.py tests/checkpoint/test_hostile.py tests/checkpoint/test_fuzz.py
-  tests/ttp/test_dump.py tests/ttp/test_engine_choice.py tests/ttp/test_regroup.py tests/hf/test_rng.py
+  tests/ttp/test_dump.py tests/ttp/test_engine_choice.py tests/ttp/test_regroup.py tests/ttp/test_failure_kind.py
+  tests/hf/test_rng.py tests/hf/test_rng_files.py tests/mindspore/test_step_hook.py tests/checkpoint/test_verdicts.py
   tests/torch_plugin/test_enable_disable.py
   tests/launch/test_k8s.py tests/launch/test_k8s_fuzz.py tests/launch/test_doctor.py tests/launch/test_manager_env.py
-  tests/launch/test_spares.py
+  tests/launch/test_spares.py tests/launch/test_replacement_logs.py
   tests/patch/test_codemod.py tests/patch/test_patch_engine.py
   tests/patch/test_patch_revert_safety.py
 )

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +36,33 @@ LONGEST_FIRST = (
 )
 _GROUP = {module: group for group, modules in SHARING.items() for module in modules}
 _TESTS = Path(__file__).resolve().parent
+_TREE = _TESTS.parent
+_SCRATCH_CWD = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The tests test what users install: the ft_plugins installed from its wheel (``scripts/setup.sh``),
+    never the tree. The tree comes off ``sys.path``, and the tests, and every process they start, run in a
+    scratch directory (a ``python -c`` child would otherwise put the current directory, the tree, first)."""
+    sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != _TREE]
+    scratch = tempfile.mkdtemp(prefix="ft-plugins-tests-")
+    os.chdir(scratch)
+    config.stash[_SCRATCH_CWD] = scratch
+    import ft_plugins
+
+    where = Path(ft_plugins.__file__).resolve().parent
+    if where == _TREE / "ft_plugins":
+        raise pytest.UsageError(
+            f"ft_plugins was imported from the source tree ({where}), not from an installed wheel: the tests "
+            "test what users install. Run `bash scripts/setup.sh` (it builds and installs the wheel), or "
+            "`pip install --force-reinstall --no-deps .` into this environment, not `pip install -e .`")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    scratch = config.stash.get(_SCRATCH_CWD, None)
+    if scratch:
+        os.chdir(config.invocation_params.dir)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _group(path: str) -> str:
