@@ -23,7 +23,7 @@ IMPORT_BOUND_S = 300  # MindSpore, transformers and megatron load in the child w
 _SWEEP = """
 import importlib, json, pkgutil, ft_plugins
 broken, needs, count = {}, {}, 0
-found = pkgutil.walk_packages(ft_plugins.__path__, "ft_plugins.", onerror=lambda name: None)  # imported below
+found = pkgutil.walk_packages(ft_plugins.__path__, "ft_plugins.", onerror=lambda name: None)  # failures: below
 names = ["ft_plugins", *(module.name for module in found)]
 for name in names:
     if name.rsplit(".", 1)[-1] == "__main__":
@@ -84,11 +84,14 @@ def installation() -> Installation:
     return Installation(ft_plugins.__version__, here, how, installed)
 
 
-def import_every_module(python: str = sys.executable) -> Imports:
-    """Import every module of the package in a fresh ``python`` (every feature off, nothing logged)."""
+def import_every_module() -> Imports:
+    """Import every module of the package in a fresh interpreter (every feature off, nothing logged)."""
     env = {**os.environ, "FT_PLUGINS": "none", "FT_PLUGINS_LOG": "error"}
-    child = subprocess.run([python, "-c", _SWEEP], capture_output=True, text=True, env=env,
-                           timeout=IMPORT_BOUND_S, cwd=Path(ft_plugins.__file__).resolve().parent.parent)
+    try:
+        child = subprocess.run([sys.executable, "-c", _SWEEP], capture_output=True, text=True, env=env,
+                               timeout=IMPORT_BOUND_S, cwd=Path(ft_plugins.__file__).resolve().parent.parent)
+    except subprocess.TimeoutExpired:
+        return Imports(broken={"ft_plugins": f"importing its modules took over {IMPORT_BOUND_S} s"})
     if child.returncode != 0:
         last = (child.stderr.strip().splitlines() or ["no output"])[-1]
         return Imports(broken={"ft_plugins": f"the import check itself failed: {last}"})
