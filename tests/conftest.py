@@ -42,12 +42,10 @@ _SCRATCH_CWD = pytest.StashKey[str]()
 
 def pytest_configure(config: pytest.Config) -> None:
     """The tests test what users install: the ft_plugins installed from its wheel (``scripts/setup.sh``),
-    never the tree. The tree comes off ``sys.path``, and the tests, and every process they start, run in a
-    scratch directory (a ``python -c`` child would otherwise put the current directory, the tree, first)."""
+    never the tree. The tree comes off ``sys.path`` here; once collected, the tests, and every process they
+    start, run in a scratch directory (a ``python -c`` child would otherwise put the current directory, the
+    tree, first on its path)."""
     sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != _TREE]
-    scratch = tempfile.mkdtemp(prefix="ft-plugins-tests-")
-    os.chdir(scratch)
-    config.stash[_SCRATCH_CWD] = scratch
     import ft_plugins
 
     where = Path(ft_plugins.__file__).resolve().parent
@@ -56,6 +54,13 @@ def pytest_configure(config: pytest.Config) -> None:
             f"ft_plugins was imported from the source tree ({where}), not from an installed wheel: the tests "
             "test what users install. Run `bash scripts/setup.sh` (it builds and installs the wheel), or "
             "`pip install --force-reinstall --no-deps .` into this environment, not `pip install -e .`")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """After collection (a pytest-xdist worker collects the paths it is given from where it started)."""
+    scratch = tempfile.mkdtemp(prefix="ft-plugins-tests-")
+    os.chdir(scratch)
+    session.config.stash[_SCRATCH_CWD] = scratch
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
