@@ -90,7 +90,10 @@ def test_msruns_python_must_have_ft_plugins(tmp_path: Path) -> None:
     bad = _by_name({"PATH": str(bin_dir), "PYTHONPATH": ""})["msrun's python"]
     assert bad.status == doctor.FAIL and "cannot import ft_plugins" in bad.detail
     (bin_dir / "python").unlink()
-    (bin_dir / "python").symlink_to(PYTHON)
+    # the environment's own interpreter (a symlink elsewhere is not the venv: Python looks for pyvenv.cfg
+    # beside the path it was started as)
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {PYTHON} "$@"\n')
+    (bin_dir / "python").chmod(0o755)
     good = _by_name({"PATH": str(bin_dir), "PYTHONPATH": ""})["msrun's python"]
     assert good.status == doctor.OK
 

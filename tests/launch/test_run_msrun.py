@@ -24,7 +24,7 @@ role = os.environ.get("MS_ROLE", "none")
 def report(rank):
     with open(os.path.join(sys.argv[1], f"{role}_{os.getpid()}.json"), "w") as out:
         json.dump({"ms_role": role, "role": roles.CURRENT.name if roles.CURRENT else None,
-                   "glue": "ft_plugins.mindspore" in sys.modules, "rank": rank,
+                   "active": bool(roles.CURRENT and roles.CURRENT.active), "rank": rank,
                    "launcher": os.environ.get("FT_LAUNCHER_FEATURES")}, out)
 
 if role == "MS_SCHED":
@@ -72,7 +72,7 @@ def test_taskds_agent_started_once_by_mindspore_itself(msrun) -> None:
 
 def test_workers_active_scheduler_untouched(msrun) -> None:
     _, _, reports = msrun
-    by_role = {(r["ms_role"], r["role"], r["glue"]) for r in reports}
+    by_role = {(r["ms_role"], r["role"], r["active"]) for r in reports}
     assert by_role == {("MS_WORKER", "worker", True), ("MS_SCHED", "scheduler", False)}
 
 

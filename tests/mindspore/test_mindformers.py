@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -171,21 +172,24 @@ def test_startup_hook_explains_a_switch_that_aborts_mindspore(tmp_path: Path) ->
 
 
 def test_auto_register_with_register_path_needs_no_hook_and_no_import(tmp_path: Path) -> None:
-    """MindFormers' own mechanism for outside classes: ``auto_register`` + ``REGISTER_PATH``."""
+    """MindFormers' own mechanism for outside classes: ``auto_register`` + ``REGISTER_PATH``. The interpreter
+    starts without the site module (``-S``) and is given site-packages by hand, so that the installed start-up
+    hook does not run."""
     entry_dir = tmp_path / "register"
     entry_dir.mkdir()
     (entry_dir / "ft_entry.py").write_text("from ft_plugins.mindspore.callbacks import FaultTolerance\n")
-    script = textwrap.dedent("""
+    script = textwrap.dedent(f"""
         import sys
+        sys.path.append({sysconfig.get_paths()["purelib"]!r})
         from mindformers.core.callback import build_callback
         assert "ft_plugins" not in sys.modules
-        built = build_callback({"type": "FaultTolerance", "auto_register": "ft_entry.FaultTolerance",
-                                "features": "none"})
+        built = build_callback({{"type": "FaultTolerance", "auto_register": "ft_entry.FaultTolerance",
+                                "features": "none"}})
         print(type(built).__module__, type(built).__name__)
     """)
     env = {k: v for k, v in os.environ.items() if not k.startswith("FT_PLUGINS")}
     env["REGISTER_PATH"] = str(entry_dir)
-    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-S", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split()[-2:] == ["ft_plugins.mindspore.callbacks", "FaultTolerance"]

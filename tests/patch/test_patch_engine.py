@@ -151,8 +151,13 @@ def test_patched_torchrun_imports(tmp_path: Path) -> None:
     assert body.index('ft_plugins.hooks.prepare_launcher("torchrun")') < body.index("    run(args)")
 
 
-def test_every_target_has_a_recipe_and_recipes_are_found_from_the_checkout() -> None:
-    assert recipe_dir() == Path(__file__).resolve().parents[2] / "patches"
+def test_every_target_has_a_recipe_and_recipes_are_found_in_the_installed_package() -> None:
+    import ft_plugins
+
+    checkout = Path(__file__).resolve().parents[2] / "patches"
+    assert recipe_dir() == Path(ft_plugins.__file__).resolve().parent / "patches"
+    assert {path.relative_to(recipe_dir()): path.read_bytes() for path in recipe_dir().glob("*/*.toml")} == {
+        path.relative_to(checkout): path.read_bytes() for path in checkout.glob("*/*.toml")}
     for target in TARGETS:
         recipes = load_recipes(target.name)
         assert recipes, target.name
