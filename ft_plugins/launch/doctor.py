@@ -36,8 +36,7 @@ class Check:
     fix: str = ""
 
 
-# (distribution, minimum or None, why): present and at least the minimum; absent is fine
-FRAMEWORKS = versions.FRAMEWORKS
+FRAMEWORKS = versions.SUPPORTED  # each installed one is shown against its supported range; absent is fine
 PLACEHOLDERS = {"taskd": "0.0.0.1", "mindcluster": None}
 
 
@@ -72,16 +71,23 @@ def check_install(env: Mapping[str, str]) -> Iterator[Check]:
 
 
 def check_versions(env: Mapping[str, str]) -> Iterator[Check]:
-    for distribution, minimum, why in FRAMEWORKS:
-        found = _version(distribution)
-        name = f"{distribution} version"
+    for framework in FRAMEWORKS:
+        found = _version(framework.distribution)
+        name = f"{framework.distribution} version"
+        supported = f"supported: {framework.describe()}"
+        standing = None if found is None else framework.standing(found)
         if found is None:
-            yield Check(name, OK, f"not installed (needed for {why} only)")
-        elif minimum and _at_least(found, minimum) is False:
-            yield Check(name, WARN, f"{found} is older than {minimum}, needed for {why}",
-                        f"upgrade {distribution} to {minimum} or newer")
+            yield Check(name, OK, f"not installed (needed for {framework.needed_for} only)")
+        elif standing == versions.OLDER:
+            yield Check(name, WARN, f"{found} is older than {framework.oldest}, needed for {framework.needed_for} "
+                        f"({supported})", f"upgrade {framework.distribution} to {framework.oldest} or newer")
+        elif standing == versions.NEWER:
+            yield Check(name, WARN, f"{found} is newer than the newest release tested ({supported}): a hook whose "
+                        "internals moved turns its feature off, saying so in one line",
+                        f"use {framework.distribution} {framework.newest}.x, or check the start-up line of each feature")
         else:
-            yield Check(name, OK, found)
+            unknown = " (version not understood)" if standing == versions.UNKNOWN else ""
+            yield Check(name, OK, f"{found}{unknown} ({supported})")
     root = taskd.package_dir()
     if root is not None and not taskd.is_placeholder(root):
         found = _version("taskd") or taskd.version(root)
@@ -250,9 +256,26 @@ def check_sitecustomize(env: Mapping[str, str]) -> Iterator[Check]:
         yield Check("sitecustomize", OK, f"{spec.origin} exists: `ft-plugins run` chain-loads it before ft_plugins starts")
 
 
+def check_hangs(env: Mapping[str, str]) -> Iterator[Check]:
+    """The hang bounds a job launched from this environment would get."""
+    from ft_plugins.config import ConfigError
+    from ft_plugins.features.hangs import Bounds
+
+    try:
+        cfg = environment.resolve(None, env)
+    except ConfigError as exc:
+        yield Check("hangs", FAIL, str(exc), "fix the variable named")
+        return
+    bounds = Bounds(cfg.options["hangs"]).describe()
+    if cfg.requested("hangs") is True:
+        yield Check("hangs", OK, f"watched under `ft-plugins run -- torchrun`; bounds: {bounds}")
+    else:
+        yield Check("hangs", OK, f"not watched (FT_PLUGINS=hangs,... or all turns it on); its bounds would be: {bounds}")
+
+
 CHECKS: tuple[Callable[[Mapping[str, str]], Iterator[Check]], ...] = (
     check_install, check_versions, check_placeholders, check_preload, check_launch_agent, check_tft, check_msrun_python,
-    check_manager, check_profiling_dir, check_sitecustomize,
+    check_manager, check_profiling_dir, check_sitecustomize, check_hangs,
 )
 
 

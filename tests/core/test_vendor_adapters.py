@@ -146,5 +146,36 @@ def test_doctor_and_the_features_read_one_table_of_minimum_versions() -> None:
     from ft_plugins.launch import doctor
     from ft_plugins.vendors import versions
 
-    assert doctor.FRAMEWORKS is versions.FRAMEWORKS
-    assert dict((name, minimum) for name, minimum, _ in versions.FRAMEWORKS)["torch_npu"] == versions.TORCH_NPU_MSTX
+    assert doctor.FRAMEWORKS is versions.SUPPORTED
+    assert versions.BY_NAME["torch_npu"].oldest == versions.TORCH_NPU_MSTX
+    assert versions.BY_NAME["megatron-core"].oldest == versions.MEGATRON_CORE
+
+
+def test_a_version_stands_inside_or_outside_its_range() -> None:
+    """The newest bound is a release line: 0.19 covers 0.19.2, not 0.20; the oldest is a release."""
+    from ft_plugins.vendors import versions
+
+    megatron = versions.BY_NAME["megatron-core"]
+    assert [megatron.standing(found) for found in ("0.7.0", "0.8", "0.17.1", "0.19.2", "0.20.0", "dev")] == [
+        versions.OLDER, versions.INSIDE, versions.INSIDE, versions.INSIDE, versions.NEWER, versions.UNKNOWN]
+    assert versions.BY_NAME["accelerate"].standing("1.99.0") == versions.INSIDE
+    assert versions.BY_NAME["torch_npu"].standing("9.0") == versions.INSIDE  # no newest: never "newer"
+
+
+def test_the_suite_runs_the_releases_the_table_names_as_tested() -> None:
+    """Each release the table calls tested is one set-up pins (scripts/requirements.txt, scripts/setup.sh), and
+    the oldest of them is the one installed here."""
+    import importlib.metadata
+
+    from support import REPO
+
+    from ft_plugins.vendors import versions
+
+    pinned = (REPO / "scripts" / "requirements.txt").read_text() + (REPO / "scripts" / "setup.sh").read_text()
+    for framework in versions.SUPPORTED:
+        for release in framework.tested:
+            assert f"{framework.distribution}=={release}" in pinned, (framework, release)
+            assert framework.standing(release) == versions.INSIDE, (framework, release)
+        if framework.tested:
+            installed = importlib.metadata.version(framework.distribution).split("+")[0]  # torch's +cpu
+            assert installed == framework.tested[0], framework

@@ -29,10 +29,11 @@ from ft_plugins.patching import MissingSymbol, Patch, PatchSet
 from ft_plugins.runtime import Runtime
 from ft_plugins.torch.hf import events
 from ft_plugins.torch.hf.targets import MODULES, TRAINER
+from ft_plugins.vendors import versions
 
 log = logging.getLogger("ft_plugins.torch")
 
-SUPPORTED = "transformers 4.40 to 4.57, accelerate 0.30 to 1.x"
+SUPPORTED = versions.supported("transformers", "accelerate")
 
 
 def _version(package: str) -> str:
