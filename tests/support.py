@@ -98,8 +98,7 @@ def run_megatron(workdir: Path, nproc: int, env: dict[str, str], *args: str,
         command = [TORCHRUN, "--nproc-per-node", str(nproc), "--master-port", str(free_port()), str(entry)]
     else:
         command = [PYTHON, str(entry)]
-    return subprocess.run([*command, *args], cwd=workdir, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return run_to_end([*command, *args], workdir, env, timeout)
 
 
 def saved_tensors(path: Path, parts: tuple[str, ...] | None = ("model", "optimizer")) -> dict[str, "torch.Tensor"]:
@@ -163,6 +162,14 @@ def finish(process: subprocess.Popen, timeout: int) -> tuple[str, str]:
         out, err = process.communicate()
         raise AssertionError(f"still running after {timeout} s:\n{(out or '')[-4000:]}\n{(err or '')[-3000:]}") \
             from None
+
+
+def run_to_end(command: list[str], cwd: Path, env: dict[str, str], timeout: int) -> subprocess.CompletedProcess:
+    """``subprocess.run`` with captured text output, except that a job still running after ``timeout`` seconds is
+    killed with all its workers and the test fails showing where it stood (not a bare ``TimeoutExpired``)."""
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = finish(process, timeout)
+    return subprocess.CompletedProcess(command, process.returncode, out, err)
 
 
 _ports: Iterator[int] | None = None

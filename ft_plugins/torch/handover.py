@@ -11,14 +11,13 @@ step run again reads the same data.
 
 from __future__ import annotations
 
-import copy
 import io
 import logging
 import random
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from ft_plugins.torch.state import megatron, sharded_optimizers
+from ft_plugins.torch.state import RESUMES_TORCH_FORMAT, megatron, saved_state, sharded_optimizers
 
 log = logging.getLogger("ft_plugins.recover")
 
@@ -39,9 +38,9 @@ def unsupported(iterator: Any, megatron_args: Any) -> str:
     """Why a lost rank cannot be replaced in this run (empty when it can)."""
     if isinstance(iterator, list) or megatron_args.pipeline_model_parallel_size > 1:
         return "pipeline parallelism is not handled yet (ttp's dump still is)"
-    if getattr(megatron_args, "ckpt_format", "torch") != "torch":
-        return (f"--ckpt-format {megatron_args.ckpt_format}: the hand-over sends the torch format's state "
-                "(use --ckpt-format torch)")
+    if (form := getattr(megatron_args, "ckpt_format", "torch")) not in RESUMES_TORCH_FORMAT:
+        return (f"--ckpt-format {form}: the hand-over moves the state of Megatron's DDP and optimizers as the "
+                f"{' and '.join(RESUMES_TORCH_FORMAT)} formats save it")
     return unreplicated(megatron_args)
 
 
@@ -57,11 +56,7 @@ def instance_place(optimizer: Any) -> int | None:
 def state_at(model: Any, optimizer: Any, scheduler: Any, iteration: int, rng: Any, consumed: int,
              flops: float) -> dict[str, Any]:
     """What a save at ``iteration`` holds."""
-    megatron_args = megatron("training.global_vars").get_args()
-    state_args = copy.copy(megatron_args)
-    state_args.consumed_train_samples = consumed
-    state = megatron("training.checkpointing").generate_state_dict(
-        state_args, megatron("core.utils").unwrap_model(model), optimizer, scheduler, rng, iteration=iteration)
+    state = saved_state(model, optimizer, scheduler, iteration, rng, consumed)
     state["num_floating_point_operations_so_far"] = flops
     shards = [member.get_parameter_state_dp_reshardable() for member in sharded_optimizers(optimizer)]
     if shards:

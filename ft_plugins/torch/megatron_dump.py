@@ -16,7 +16,6 @@ anybody reads the tracker).
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import time
@@ -29,7 +28,7 @@ from ft_plugins.faults import RESTART_VAR
 from ft_plugins.features.ttp import Ttp
 from ft_plugins.rank import global_rank
 from ft_plugins.steps import FORWARD, UPDATED, Frozen
-from ft_plugins.torch.state import megatron, megatron_args, sharded_optimizers
+from ft_plugins.torch.state import RESUMES_TORCH_FORMAT, megatron, megatron_args, saved_state, sharded_optimizers
 from ft_plugins.torch.store import claim
 
 log = logging.getLogger("ft_plugins.ttp")
@@ -169,11 +168,7 @@ class MegatronDump:
         if not claim(f"ft_plugins/ttp/{os.environ.get(RESTART_VAR, '0')}/{iteration}/{shard}"):
             log.debug("ttp: %s: another survivor writes %s of iteration %d", reason, shard, iteration)
             return
-        state_args = copy.copy(parsed)
-        state_args.consumed_train_samples = consumed
-        model = megatron("core.utils").unwrap_model(step.model)
-        state = checkpointing.generate_state_dict(state_args, model, step.optimizer, step.scheduler, rng,
-                                                  iteration=iteration)
+        state = saved_state(step.model, step.optimizer, step.scheduler, iteration, rng, consumed)
         state["num_floating_point_operations_so_far"] = self.flops(iteration, parsed)
         writes[FILENAME] = lambda path: torch.save(state, path)
         write_part(save_dir, Part(shard, iteration, shards, rank), writes)
@@ -204,8 +199,10 @@ class MegatronDump:
 
 def unsupported(parsed: Any) -> str:
     """Why a survivor cannot write what a save would (empty when it can)."""
-    if getattr(parsed, "ckpt_format", "torch") != "torch":
-        return f"--ckpt-format {parsed.ckpt_format}: the dump writes the torch format (use --ckpt-format torch)"
+    form = getattr(parsed, "ckpt_format", "torch")
+    if form not in RESUMES_TORCH_FORMAT and not getattr(parsed, "auto_detect_ckpt_format", False):
+        return (f"--ckpt-format {form}: the dump is written in the torch format, which a job loads with "
+                f"--ckpt-format {' or '.join(RESUMES_TORCH_FORMAT)}, or with --auto-detect-ckpt-format")
     if getattr(parsed, "data_parallel_random_init", False):
         return "--data-parallel-random-init: a save gathers every data-parallel rank's RNG state"
     return ""

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import sys
 from typing import Any
 
@@ -25,6 +26,25 @@ def megatron(name: str) -> Any:
 def megatron_args() -> Any:
     """Megatron's parsed arguments (``get_args()``)."""
     return megatron("training.global_vars").get_args()
+
+
+# the checkpoint formats whose jobs resume from a torch-format directory: Megatron's load tells the format by
+# what the directory holds when --ckpt-format is torch_dist (or --auto-detect-ckpt-format is given)
+RESUMES_TORCH_FORMAT = ("torch", "torch_dist")
+
+
+def saved_state(model: Any, optimizer: Any, scheduler: Any, iteration: int, rng: Any, consumed: int) -> dict[str, Any]:
+    """What Megatron's ``save_checkpoint`` at ``iteration`` holds, with ``consumed`` samples, in the torch format
+    whatever ``--ckpt-format`` says: it needs no collective (a torch_dist save is one over every rank, a lost one
+    included). The state's own arguments keep the job's format, so the job's later saves stay in it."""
+    state_args = copy.copy(megatron_args())
+    state_args.consumed_train_samples = consumed
+    torch_format = copy.copy(state_args)
+    torch_format.ckpt_format = "torch"
+    state = megatron("training.checkpointing").generate_state_dict(
+        torch_format, megatron("core.utils").unwrap_model(model), optimizer, scheduler, rng, iteration=iteration)
+    state["args"] = state_args
+    return state
 
 
 def sharded_optimizers(optimizer: Any) -> list[Any]:

@@ -189,3 +189,21 @@ def test_a_broken_checkpoint_beside_a_dump_cut_short_still_stops_the_start(tmp_p
     _part(tmp_path, "mp_rank_00", 5)
     with pytest.raises(NoIntactCheckpoint, match="none is intact"):
         _resume().choose(str(tmp_path))
+
+
+@pytest.mark.parametrize("given, refusal", [
+    ({}, ""),
+    ({"ckpt_format": "torch_dist"}, ""),
+    ({"ckpt_format": "torch_dcp", "auto_detect_ckpt_format": True}, ""),
+    ({"ckpt_format": "torch_dcp"}, "--ckpt-format torch_dcp: the dump is written in the torch format, which a job "
+                                   "loads with --ckpt-format torch or torch_dist, or with --auto-detect-ckpt-format"),
+    ({"data_parallel_random_init": True}, "--data-parallel-random-init: a save gathers every data-parallel rank's "
+                                          "RNG state"),
+], ids=["torch", "torch-dist", "auto-detect", "torch-dcp", "random-init"])
+def test_the_megatron_dump_serves_the_formats_whose_load_reads_a_torch_format_directory(given: dict,
+                                                                                         refusal: str) -> None:
+    from types import SimpleNamespace
+
+    from ft_plugins.torch.megatron_dump import unsupported
+
+    assert unsupported(SimpleNamespace(**{"ckpt_format": "torch", **given})) == refusal

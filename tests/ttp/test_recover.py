@@ -191,10 +191,12 @@ def test_negative_control_without_ft_plugins_the_same_fault_ends_the_job(tmp_pat
      "(FT_PLUGINS_TTP_REPLICAS=2, or --num-distributed-optimizer-instances 2)"),
     ({"pipeline_model_parallel_size": 2}, iter(()), "pipeline parallelism is not handled yet (ttp's dump still is)"),
     ({}, [iter(()), iter(())], "pipeline parallelism is not handled yet (ttp's dump still is)"),
-    ({"ckpt_format": "torch_dist"}, iter(()),
-     "--ckpt-format torch_dist: the hand-over sends the torch format's state (use --ckpt-format torch)"),
+    ({"ckpt_format": "torch_dist"}, iter(()), ""),
+    ({"ckpt_format": "fsdp_dtensor"}, iter(()),
+     "--ckpt-format fsdp_dtensor: the hand-over moves the state of Megatron's DDP and optimizers as the torch and "
+     "torch_dist formats save it"),
 ], ids=["data-parallel", "distributed-optimizer-two-instances", "distributed-optimizer-one-instance",
-        "pipeline", "virtual-pipeline-iterators", "torch-dist"])
+        "pipeline", "virtual-pipeline-iterators", "torch-dist", "fsdp-dtensor"])
 def test_what_recover_cannot_replace_is_said_at_the_start(layout: dict, iterator: object, refusal: str) -> None:
     from ft_plugins.torch.handover import unsupported
 

@@ -4,6 +4,7 @@ scheduler, RNG) and counter."""
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from support import FAKES, MEGATRON_EXAMPLE, TORCHRUN, free_port
+from support import FAKES, MEGATRON_EXAMPLE, TORCHRUN, free_port, run_to_end
 
 ITERS = 6
 
@@ -41,8 +42,7 @@ def run_job(workdir: Path, *args: str, launcher: tuple[str, ...] = (), entry: Pa
     command = [TORCHRUN, "--nproc-per-node", str(nproc), "--master-port", str(free_port()), *launcher, str(entry),
                "--train-iters", str(ITERS), "--save", str(save), *args]
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "FT_FAKE", "TORCHELASTIC"))}
-    result = subprocess.run(command, cwd=workdir, env={**clean, **env},
-                            capture_output=True, text=True, timeout=timeout)
+    result = run_to_end(command, workdir, {**clean, **env}, timeout)
     return Job(result.returncode, result.stdout + result.stderr, save)
 
 
@@ -54,8 +54,7 @@ def run_supervised(workdir: Path, launch: "Launch", *args: str, launcher: tuple[
                "--master-port", str(free_port()), *launcher, str(MEGATRON_EXAMPLE), *launch.args,
                "--train-iters", str(ITERS), "--save", str(save), *args]
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "FT_FAKE", "TORCHELASTIC"))}
-    result = subprocess.run(command, cwd=workdir, env={**clean, **dict(launch.env), **env}, capture_output=True,
-                            text=True, timeout=400)
+    result = run_to_end(command, workdir, {**clean, **dict(launch.env), **env}, timeout=400)
     return Job(result.returncode, result.stdout + result.stderr, save)
 
 
@@ -110,6 +109,30 @@ def differences(left: Path, right: Path, rng: bool = True) -> list[str]:
     return found
 
 
+def dist_differences(left: Path, right: Path, rng: bool = True) -> list[str]:
+    """Every difference between two torch_dist checkpoint directories of Megatron, each read whole into one state
+    (``dcp_to_torch_save``): model, optimizer (its fp32 main parameters and moments), scheduler, counters;
+    ``rng``: as in :func:`differences`."""
+    import tempfile
+
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    states = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for index, directory in enumerate((left, right)):
+            dcp_to_torch_save(directory, f"{scratch}/{index}.pt")
+            state = torch.load(f"{scratch}/{index}.pt", map_location="cpu", weights_only=False)
+            if (directory / "common.pt").is_file():  # megatron-core < 0.19 keeps what is not sharded there
+                state.update(torch.load(directory / "common.pt", map_location="cpu", weights_only=False))
+            states.append({key: value for key, value in state.items() if key != "args" and (rng or "rng" not in key)})
+    found: list[str] = []
+    _compare(*states, "", found)
+    if not any(key.startswith("optimizer") and torch.is_tensor(value) for key, value in states[0].items()):
+        found.append("no optimizer tensors: nothing of the optimizer compared")
+    return found
+
+
 def _compare(a: Any, b: Any, where: str, found: list[str]) -> None:
     import numpy as np
     import torch
@@ -127,6 +150,9 @@ def _compare(a: Any, b: Any, where: str, found: list[str]) -> None:
     elif isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         if a.dtype != b.dtype or a.shape != b.shape or not torch.equal(a, b):
             found.append(f"{where}: tensors differ")
+    elif isinstance(a, io.BytesIO) and isinstance(b, io.BytesIO):  # a torch_dist save's sharded objects
+        if a.getvalue() != b.getvalue():
+            found.append(f"{where}: objects differ")
     elif isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
         if not np.array_equal(a, b):
             found.append(f"{where}: arrays differ")
