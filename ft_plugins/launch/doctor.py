@@ -84,7 +84,7 @@ def check_versions(env: Mapping[str, str]) -> Iterator[Check]:
         elif standing == versions.NEWER:
             yield Check(name, WARN, f"{found} is newer than the newest release tested ({supported}): a hook whose "
                         "internals moved turns its feature off, saying so in one line",
-                        f"use {framework.distribution} {framework.newest}.x, or check the start-up line of each feature")
+                        f"use {framework.distribution} {framework.newest}.x, or read each feature's start-up line")
         else:
             unknown = " (version not understood)" if standing == versions.UNKNOWN else ""
             yield Check(name, OK, f"{found}{unknown} ({supported})")

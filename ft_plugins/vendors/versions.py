@@ -41,7 +41,8 @@ class Framework(namedtuple("Framework", ("distribution", "oldest", "newest", "te
             return UNKNOWN
         if version < Version(self.oldest):
             return OLDER
-        if self.newest is not None and version.release[:len(Version(self.newest).release)] > Version(self.newest).release:
+        newest = None if self.newest is None else Version(self.newest).release
+        if newest is not None and version.release[:len(newest)] > newest:
             return NEWER
         return INSIDE
 
@@ -77,4 +78,5 @@ def table() -> str:
     rows = [f"| `{framework.distribution}` | {framework.describe()} | "
             f"{', '.join(framework.tested) or 'not here (stand-ins of its documented API)'} | {framework.needed_for} |"
             for framework in SUPPORTED]
-    return "\n".join(["| framework | supported | tested by the suite | needed for |", "| --- | --- | --- | --- |", *rows])
+    header = ["| framework | supported | tested by the suite | needed for |", "| --- | --- | --- | --- |"]
+    return "\n".join([*header, *rows])

@@ -134,5 +134,6 @@ def test_each_installed_framework_is_shown_against_its_supported_range(monkeypat
     assert "supported: 4.40 to 4.57.x" in checks["transformers version"].detail
     assert checks["megatron-core version"].status == doctor.WARN and "newer" in checks["megatron-core version"].detail
     assert "0.19.x" in checks["megatron-core version"].fix
-    assert checks["mindspore version"].status == doctor.WARN and "older than 2.7.0" in checks["mindspore version"].detail
+    mindspore = checks["mindspore version"]
+    assert mindspore.status == doctor.WARN and "older than 2.7.0" in mindspore.detail
     assert checks["torch version"].detail.startswith("not installed")

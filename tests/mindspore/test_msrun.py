@@ -1,5 +1,5 @@
 """Real msrun jobs, 2 CPU workers, data parallel (``fixtures/msrun_train.py``: 24 steps, a save every 4),
-written as the README's plain-MindSpore recipe shows, against the same job run uninterrupted.
+written as the plain-MindSpore recipe of docs/frameworks/mindspore.md shows, against the same job run uninterrupted.
 
 Nothing is faked: msrun, its scheduler, MindSpore's Model.train, ModelCheckpoint and collectives, the
 checkpoints on disk. A crash is rank 1 SIGKILLing itself right after a step ended; a preemption is
@@ -73,7 +73,7 @@ def crashed(tmp_path_factory: pytest.TempPathFactory) -> Job:
 
 @pytest.fixture(scope="module")
 def dumped(tmp_path_factory: pytest.TempPathFactory) -> Job:
-    """The crash with the README's recipe and ``FT_PLUGINS=ttp,resume`` (the built-in engine: no MindIO here)."""
+    """The crash with the documented recipe and ``FT_PLUGINS=ttp,resume`` (the built-in engine: no MindIO here)."""
     job = msrun_jobs.run(tmp_path_factory.mktemp("dumped"), "recipe",
                          job_env(FT_PLUGINS="ttp,resume", FT_TEST_KILL=f"1,{KILLED_AFTER}"), faulted=True)
     assert job.returncode != 0 and job.steps(1)[-1] == KILLED_AFTER, job.stdout[-3000:]

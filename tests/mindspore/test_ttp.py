@@ -173,7 +173,7 @@ def test_uce_arf_retries_need_mindspores_own_callback_in_the_list(ascend_dp2: An
                                                                    tmp_path: Path) -> None:
     """MindSpore's retry wrapper around Model.train (UCE/ARF/HCCE) looks for a TrainFaultTolerance among the
     ``callbacks`` given to train, before training starts: one held inside FaultTolerance is never found.
-    The composition the README gives (MindSpore's own in the list, FaultTolerance beside it) is."""
+    The composition docs/frameworks/mindspore.md gives (MindSpore's own in the list, FaultTolerance beside it) is."""
     from mindspore.train.callback import TrainFaultTolerance
     from mindspore.train.model import _get_tft_obj
 

@@ -1,5 +1,6 @@
 """What ``import ft_plugins.torch`` leaves out: it runs in every training process, so the glue a framework needs
-is imported with that framework, never before (README: the import cost, measured by benchmarks/bench_import.py)."""
+is imported with that framework, never before (docs/benchmarks.md: the import cost, measured by
+benchmarks/bench_import.py)."""
 
 from __future__ import annotations
 
