@@ -56,7 +56,7 @@ def _run(workdir: Path, iters: int, restarts: bool, **env: str) -> tuple[float, 
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "TORCHELASTIC"))}
     clean["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), clean.get("PYTHONPATH", "")]))
     if restarts:
-        clean["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # each attempt its own store (see README)
+        clean["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # each attempt its own store (see docs/verified.md)
     started = time.monotonic()
     result = subprocess.run(command, cwd=workdir, env={**clean, **env}, capture_output=True, text=True)
     elapsed = time.monotonic() - started

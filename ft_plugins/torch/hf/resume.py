@@ -1,10 +1,10 @@
 """``resume`` for the Trainer: the newest *intact* ``checkpoint-N`` is resumed, every save is committed,
 and rotation never deletes the last good checkpoint.
 
-- ``get_last_checkpoint`` (transformers' own and every copy imported by name, e.g. by TRL or
-  LLaMA-Factory) returns the newest intact checkpoint, skipping each damaged one with its reason;
-  decided once by rank 0 and the same on every rank (:mod:`.agree`). Checkpoints present, none
-  intact: NoIntactCheckpoint. ``resume_from_checkpoint=True`` goes through it.
+- ``get_last_checkpoint`` (transformers' own and every copy imported by name: ``transformers.trainer``'s, which
+  ``resume_from_checkpoint=True`` calls, LLaMA-Factory's) returns the newest intact checkpoint, skipping each
+  damaged one with its reason; decided once by rank 0 and the same on every rank (:mod:`.agree`). Checkpoints
+  present, none intact: NoIntactCheckpoint. ``resume_from_checkpoint=True`` goes through it.
 - ``Trainer.train(resume_from_checkpoint=PATH)``: PATH is used only when intact.
 - ``_save_checkpoint``: rotation is held back until every rank has written its part (rank 0's files,
   each rank's ``rng_state_*``: a barrier), then rank 0 writes the manifest and rotates; rotation keeps
