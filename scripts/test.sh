@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FAST=(
-  tests/core tests/test_packaging.py tests/test_docs.py tests/hf/test_resume_claims.py
+  tests/core tests/test_packaging.py tests/test_docs.py tests/test_claims.py tests/hf/test_resume_claims.py
   tests/checkpoint/test_core.py tests/checkpoint/test_hostile.py tests/checkpoint/test_fuzz.py
   tests/ttp/test_dump.py tests/ttp/test_engine_choice.py tests/ttp/test_regroup.py tests/ttp/test_failure_kind.py
   tests/hf/test_rng.py tests/hf/test_rng_files.py tests/mindspore/test_step_hook.py tests/checkpoint/test_verdicts.py
