@@ -22,13 +22,14 @@ pytest_plugins = ("skips_fail_in_ci",)
 SHARING = {
     "ttp-4-ranks": ("ttp/test_recover.py", "ttp/test_mindio_recover.py", "ttp/test_model_parallel.py"),
     "ttp-2-ranks": ("ttp/test_builtin_engine.py", "ttp/test_mindio_engine.py", "ttp/test_auto_restart.py",
-                    "ttp/test_one_decision.py", "ttp/test_recover_flags.py"),
+                    "ttp/test_one_decision.py", "ttp/test_recover_flags.py", "ttp/test_hangs.py"),
     "hf-trainer": ("hf/test_trainer_ttp.py", "hf/test_trainer_runs.py", "hf/test_trainer_hooks.py"),
 }
 # The groups whose real multi-process runs take longest, longest first: they start first, so that the
 # run does not end with one of them running alone while the other worker idles.
 LONGEST_FIRST = (
     "ttp-4-ranks", "hf-trainer", "ttp-2-ranks", "ttp/test_mixed_precision_recover.py", "ttp/test_replicated_dump.py",
+    "ttp/test_torch_dist.py", "ttp/test_pipeline_recover.py",
     "checkpoint/test_megatron.py",
     "mindspore/test_msrun.py", "launch/test_real_taskd.py", "torch_plugin/test_replica_option.py",
     "torch_plugin/test_replicated_zero.py", "patch/test_patched_runs.py", "hf/test_accelerate_runs.py",

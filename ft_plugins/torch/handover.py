@@ -36,8 +36,8 @@ def unreplicated(megatron_args: Any) -> str:
 
 def unsupported(iterator: Any, megatron_args: Any) -> str:
     """Why a lost rank cannot be replaced in this run (empty when it can)."""
-    if isinstance(iterator, list) or megatron_args.pipeline_model_parallel_size > 1:
-        return "pipeline parallelism is not handled yet (ttp's dump still is)"
+    if isinstance(iterator, list):
+        return "virtual pipeline stages are not handled yet (ttp's dump still is)"
     if (form := getattr(megatron_args, "ckpt_format", "torch")) not in RESUMES_TORCH_FORMAT:
         return (f"--ckpt-format {form}: the hand-over moves the state of Megatron's DDP and optimizers as the "
                 f"{' and '.join(RESUMES_TORCH_FORMAT)} formats save it")
@@ -150,7 +150,7 @@ def set_rng(rng_state: Any) -> None:
 class Batches:
     """The training data iterator, with the batches of the running step kept to be read again."""
 
-    def __init__(self, source: Iterator[Any]) -> None:
+    def __init__(self, source: Iterator[Any] | None) -> None:
         self.source = source
         self.fetched: list[Any] = []
         self.replay: list[Any] = []
@@ -176,5 +176,7 @@ class Batches:
         self.fetched = []
 
     def skip(self, count: int) -> None:
+        if self.source is None:  # a pipeline stage that reads no data (neither the first nor the last)
+            return
         for _ in range(count):
             next(self.source)

@@ -62,15 +62,17 @@ def test_max_restarts_in_place_first_then_the_whole_restart_torchrun_was_asked_f
 @pytest.fixture(scope="module")
 def refused(tmp_path_factory: pytest.TempPathFactory) -> Job:
     return run_supervised(tmp_path_factory.mktemp("recover_refused"), Launch(2), "--save-interval", "100",
-                          "--pipeline-model-parallel-size", "2", FT_PLUGINS="ttp,recover",
+                          "--use-distributed-optimizer", FT_PLUGINS="ttp,recover", FT_PLUGINS_TTP_REPLICAS="1",
                           FT_PLUGINS_INJECT_FAULT="rank=1,step=2,kind=kill")
 
 
 def test_a_shape_recover_cannot_repair_is_refused_at_the_start_and_the_launcher_starts_no_replacement(
         refused: Job) -> None:
-    """Pipeline parallelism: said once at the start; the launcher, told by the workers, leaves the lost rank to
-    torchrun's own handling instead of starting a replacement that could not join."""
-    why = "pipeline parallelism is not handled yet (ttp's dump still is)"
+    """The distributed optimizer in one instance (replicas turned off): said once at the start; the launcher, told
+    by the workers, leaves the lost rank to torchrun's own handling instead of starting a replacement that could
+    not join."""
+    why = ("megatron's distributed optimizer in one instance: a lost rank's optimizer shard has no other holder "
+           "(FT_PLUGINS_TTP_REPLICAS=2, or --num-distributed-optimizer-instances 2)")
     assert len(refused.lines(f"recover: a lost rank cannot be replaced in this run: {why}")) == 1, refused.output[-4000:]
     assert refused.lines(f"is not replaced: the workers refused in-place recovery at the start ({why})")
     assert not refused.lines("replacement pid") and not refused.lines("cannot join"), "no second failure"
