@@ -18,6 +18,7 @@ STRICT_VAR = "FT_PLUGINS_STRICT"
 LOG_VAR = "FT_PLUGINS_LOG"
 INJECT_VAR = "FT_PLUGINS_INJECT_FAULT"  # fire drills: parsed by ft_plugins.faults
 RECOVERY_VAR = "FT_PLUGINS_RECOVERY"  # set by recover's launcher side for its workers: ft_plugins.recovery
+PROGRESS_VAR = "FT_PLUGINS_PROGRESS"  # set by the launcher that watches for hangs: ft_plugins.progress
 RESTART_VAR = "TORCHELASTIC_RESTART_COUNT"  # torchrun's restart attempt a worker belongs to (0: the first)
 LOG_LEVELS = ("debug", "info", "warning", "error")
 PREFIX = "FT_PLUGINS_"
@@ -161,7 +162,7 @@ def load(
         name: {option.name: option.default for option in options} for name, options in features.items()
     }
     for var, raw in env.items():
-        if not var.startswith(PREFIX) or var in (STRICT_VAR, LOG_VAR, INJECT_VAR, RECOVERY_VAR):
+        if not var.startswith(PREFIX) or var in (STRICT_VAR, LOG_VAR, INJECT_VAR, RECOVERY_VAR, PROGRESS_VAR):
             continue
         if var not in by_var:
             accepted = ", ".join(sorted(by_var)) or "none"

@@ -1,6 +1,10 @@
 """Fault injection for fire drills: ``FT_PLUGINS_INJECT_FAULT`` makes a worker fail on purpose.
 
-``rank=R,step=N,kind=kill|term|exception|exit|hang[,at=forward|update|save|join][,attempt=A][,life=L]``;
+``rank=R,step=N,kind=kill|term|exception|exit|hang|stuck|slow[,at=forward|update|save|join|data|collective]``
+``[,attempt=A][,life=L][,seconds=S]``; ``hang`` blocks for good, ``stuck`` too and ignores SIGTERM besides (a
+process in a driver call: only SIGKILL ends it), ``slow`` pauses ``S`` seconds (default 10) and goes on.
+``at=data`` fires as the step asks for its first batch, ``at=collective`` blocks in a collective no peer
+enters (with ``hang`` or ``stuck``);
 several faults are separated by ``;``. ``step=N`` is the step that starts after N completed steps (the one whose
 profiler range is ``step N``), so a dump that loses nothing holds iteration N. A fault fires once
 per job: on launcher attempt ``A`` only (default 0; torchrun's ``TORCHELASTIC_RESTART_COUNT``),
@@ -18,7 +22,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 from ft_plugins.config import INJECT_VAR, RESTART_VAR, ConfigError
 from ft_plugins.rank import global_rank
@@ -26,8 +30,10 @@ from ft_plugins.recovery import replacement
 
 log = logging.getLogger("ft_plugins.faults")
 
-KINDS = ("kill", "term", "exception", "exit", "hang")
-POINTS = ("forward", "update", "save", "join")
+KINDS = ("kill", "term", "exception", "exit", "hang", "stuck", "slow")
+KEYS = ("rank", "step", "kind", "at", "attempt", "life", "seconds")
+SLOW = 10  # seconds a ``slow`` fault lasts unless ``seconds=`` says
+POINTS = ("forward", "update", "save", "join", "data", "collective")
 EXAMPLE = "rank=1,step=3,kind=kill,at=forward"
 
 
@@ -43,10 +49,12 @@ class Fault:
     at: str = "forward"
     attempt: int = 0
     life: int = 0
+    seconds: int = SLOW
 
     def __str__(self) -> str:
         life = f",life={self.life}" if self.life else ""
-        return f"rank={self.rank},step={self.step},kind={self.kind},at={self.at},attempt={self.attempt}{life}"
+        seconds = f",seconds={self.seconds}" if self.kind == "slow" else ""
+        return f"rank={self.rank},step={self.step},kind={self.kind},at={self.at},attempt={self.attempt}{life}{seconds}"
 
 
 def _number(key: str, raw: str, item: str, source: str) -> int:
@@ -65,9 +73,9 @@ def parse_faults(raw: str, source: str = INJECT_VAR) -> tuple[Fault, ...]:
         for pair in (part.strip() for part in item.split(",")):
             key, sep, value = pair.partition("=")
             key, value = key.strip().lower(), value.strip().lower()
-            if not sep or key not in ("rank", "step", "kind", "at", "attempt", "life") or key in fields:
-                raise ConfigError(f"{source}: {pair!r} in {item!r} is not one of rank=, step=, kind=, at=, attempt=, life= "
-                                  f"(each once); e.g. {source}={EXAMPLE!r}")
+            if not sep or key not in KEYS or key in fields:
+                raise ConfigError(f"{source}: {pair!r} in {item!r} is not one of {'=, '.join(KEYS)}= (each once); "
+                                  f"e.g. {source}={EXAMPLE!r}")
             fields[key] = value
         missing = [key for key in ("rank", "step", "kind") if key not in fields]
         if missing:
@@ -79,7 +87,8 @@ def parse_faults(raw: str, source: str = INJECT_VAR) -> tuple[Fault, ...]:
             raise ConfigError(f"{source}: at={at!r} is not one of {', '.join(POINTS)}")
         faults.append(Fault(_number("rank", fields["rank"], item, source), _number("step", fields["step"], item, source),
                             fields["kind"], at, _number("attempt", fields.get("attempt", "0"), item, source),
-                            _number("life", fields.get("life", "0"), item, source)))
+                            _number("life", fields.get("life", "0"), item, source),
+                            _number("seconds", fields.get("seconds", str(SLOW)), item, source)))
     return tuple(faults)
 
 
@@ -94,9 +103,10 @@ def planned(rank: int, env: Mapping[str, str] | None = None) -> tuple[Fault, ...
                  if fault.rank == rank and fault.attempt == attempt_number and fault.life == life)
 
 
-def fire(fault: Fault) -> None:
+def fire(fault: Fault, block: Callable[[], object] | None = None) -> None:
     """Make the fault happen in this process, now: SIGKILL, SIGTERM, an exception, ``sys.exit(3)`` (a script's
-    own error path: no traceback), or a hang."""
+    own error path: no traceback), a pause of ``seconds`` (``slow``: long, but not a hang), or a hang: ``block`` (the framework's wait that never ends, e.g. a collective
+    no peer enters), else a sleep for good; ``stuck`` ignores SIGTERM first (from the main thread)."""
     if fault.kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     elif fault.kind == "term":
@@ -105,7 +115,13 @@ def fire(fault: Fault) -> None:
         raise InjectedFault(f"fault injected by {INJECT_VAR}: {fault}")
     elif fault.kind == "exit":
         sys.exit(3)
+    elif fault.kind == "slow":
+        time.sleep(fault.seconds)
     else:
+        if fault.kind == "stuck":
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if block is not None:
+            block()
         while True:  # a hung rank: only a signal ends it
             time.sleep(3600)
 
@@ -116,12 +132,20 @@ class Drill:
     def __init__(self) -> None:
         self._planned: list[Fault] | None = None
 
-    def reached(self, point: str, step: int | None = None) -> None:
-        """Fire every planned fault at ``point`` (and ``step``, unless None: ``join`` has no step)."""
+    def plans(self, point: str, step: int) -> bool:
+        """Whether a fault is planned at ``point`` in ``step``."""
+        return any(fault.at == point and fault.step == step for fault in self._faults())
+
+    def reached(self, point: str, step: int | None = None, block: Callable[[], object] | None = None) -> None:
+        """Fire every planned fault at ``point`` (and ``step``, unless None: ``join`` has no step); a hang
+        blocks in ``block`` when given."""
+        for fault in list(self._faults()):
+            if fault.at == point and (step is None or fault.step == step):
+                self._faults().remove(fault)
+                log.warning("firing injected fault %s", fault)
+                fire(fault, block)
+
+    def _faults(self) -> list[Fault]:
         if self._planned is None:
             self._planned = list(planned(global_rank() or 0))
-        for fault in list(self._planned):
-            if fault.at == point and (step is None or fault.step == step):
-                self._planned.remove(fault)
-                log.warning("firing injected fault %s", fault)
-                fire(fault)
+        return self._planned

@@ -12,6 +12,7 @@ import os
 from typing import Any, Callable
 
 from ft_plugins.config import ConfigError
+from ft_plugins.features.hangs import Hangs
 from ft_plugins.features.mstx import Mstx
 from ft_plugins.features.recover import Recover
 from ft_plugins.features.resume import Resume
@@ -91,8 +92,9 @@ def named_range(name: str, framework: str = "pt") -> _Range:
 
 def prepare_launcher(launcher: str) -> bool:
     """In the launcher process (``torchrun`` or ``msrun``), before it starts workers: the launcher side of
-    the features, i.e. TaskD's elastic-agent patch for process recovery, and ``recover``'s agent that
-    restarts only a failed worker (torchrun), and the feature list its workers compare theirs with. Never raises."""
+    the features, i.e. TaskD's elastic-agent patch for process recovery, ``recover``'s agent that
+    restarts only a failed worker (torchrun), ``hangs``' watchdog (torchrun), and the feature list its
+    workers compare theirs with. Never raises."""
     framework = "ms" if launcher == "msrun" else "pt"
     runtime = current(framework)
     if runtime is None:
@@ -110,6 +112,11 @@ def prepare_launcher(launcher: str) -> bool:
         from ft_plugins.launch import recover
 
         prepared = recover.install(recovering.settings["spares"]) or prepared
+    hangs = runtime.running(Hangs)
+    if launcher == "torchrun" and hangs is not None:  # after recover's: it ends a hung rank before recover looks
+        from ft_plugins.launch import watchdog
+
+        prepared = watchdog.install(hangs.settings) or prepared
     on = [name for name, status in runtime.statuses.items() if status.enabled]
     log.info("%s launcher: workers start with %s%s", launcher, ", ".join(on) or "no feature on",
              "; TaskD's agent patched for process recovery" if agent else "")

@@ -18,6 +18,7 @@ import threading
 import traceback
 from typing import Any, Callable
 
+from ft_plugins import progress
 from ft_plugins.logs import exit_now
 from ft_plugins.steps import AlreadyFrozen, Frozen, StepTracker
 
@@ -45,6 +46,7 @@ class DyingGasp:
             frozen = self.tracker.freeze(self.wait)
         except AlreadyFrozen:
             return
+        progress.report(progress.DUMP)
         if error is not None:
             log.error("ttp: %s", "".join(traceback.format_exception(type(error), error, error.__traceback__)))
         self.save(reason, frozen)

@@ -16,6 +16,7 @@ from typing import Mapping, Sequence
 from ft_plugins import config
 from ft_plugins.faults import parse_faults
 from ft_plugins.features import declared_options
+from ft_plugins.features.hangs import Bounds
 from ft_plugins.launch import BOOTSTRAP_DIR
 from ft_plugins.vendors import cann, taskd
 
@@ -280,7 +281,17 @@ def plan(command: Sequence[str], features: str | None = None, inject_fault: str 
         changes[FRESH_STORE_VAR] = "1"
         notes.append(f"{FRESH_STORE_VAR}=1: each torchrun restart attempt gets a fresh rendezvous store, so "
                      "restarted workers never read the dead workers' addresses")
+    notes += hang_watch(command, cfg)
     return Plan(list(command), {**base, **changes}, changes, warnings, notes)
+
+
+def hang_watch(command: Sequence[str], cfg: config.Config) -> list[str]:
+    """The start-up line on hang watching: with which bounds, or why not."""
+    if cfg.requested("hangs") is not True:
+        return []
+    if not is_torchrun(command):
+        return ["hangs: watched under torchrun only; this launcher's ranks are not watched"]
+    return [f"hangs watched by torchrun: {Bounds(cfg.options['hangs']).describe()}"]
 
 
 HCCL_OP_RETRY = "L0:0, L1:1, L2:1"  # HCCL re-runs a failed communication op (MindCluster's guides)

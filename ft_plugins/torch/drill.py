@@ -2,7 +2,8 @@
 
 ``at=forward`` fires as the step starts (before its forward pass), ``at=update`` inside the
 optimizer's own update (``step_with_ready_grads``), ``at=save`` as ``save_checkpoint`` of that
-iteration begins. Independent of the features: the same drill runs with ``FT_PLUGINS=none``, which
+iteration begins, ``at=data`` as the step takes its first batch from the data iterator, ``at=collective``
+as the step starts, a hang then blocking in a receive from a peer that never sends. Independent of the features: the same drill runs with ``FT_PLUGINS=none``, which
 is how a test shows what a fault costs without ft_plugins. Applied before ``ttp``'s hooks, so
 ``ttp`` has seen the step begin (or the update begin) when a fault fires.
 """
@@ -25,6 +26,9 @@ class FaultDrill:
     def train_step(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         self._iteration = current_iteration(args, kwargs)
         self._drill.reached("forward", self._iteration)
+        self._drill.reached("collective", self._iteration, _receive_from_nobody)
+        if self._drill.plans("data", self._iteration) and len(args) > 1 and args[1] is not None:
+            args = (args[0], _Firing(args[1], lambda: self._drill.reached("data", self._iteration)), *args[2:])
         return wrapped(*args, **kwargs)
 
     def update(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -36,3 +40,25 @@ class FaultDrill:
         if isinstance(iteration, int):
             self._drill.reached("save", iteration)
         return wrapped(*args, **kwargs)
+
+
+class _Firing:
+    """A data iterator that fires a drill as the first batch is asked for."""
+
+    def __init__(self, iterator: Any, fire: Callable[[], None]) -> None:
+        self._iterator, self._fire = iterator, fire
+
+    def __iter__(self) -> "_Firing":
+        return self
+
+    def __next__(self) -> Any:
+        self._fire()
+        return next(self._iterator)
+
+
+def _receive_from_nobody() -> None:
+    """Block in a collective no peer enters: a receive from the next rank, which never sends."""
+    import torch
+    import torch.distributed as dist
+
+    dist.recv(torch.zeros(1), src=(dist.get_rank() + 1) % dist.get_world_size())

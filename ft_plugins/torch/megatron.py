@@ -4,8 +4,9 @@ What the vendor guides edit into training.py by hand, done by wrapping megatron'
 patch set per feature: ``initialize_megatron`` (taskd: the worker once distributed init is done),
 ``train_step`` / ``save_checkpoint`` (mstx: ``step {n}``, ``dataloader`` and ``save_checkpoint``
 ranges), ``load_checkpoint`` / ``save_checkpoint`` (resume: :mod:`.resume`), ``validate_args``
-(ttp's replicas: :mod:`.replicas`) and the step, the optimizer's update, saves and loads (ttp's
-engines: :mod:`.ttp`; fault drills: :mod:`.drill`). MindSpeed-LLM imports these by name from
+(ttp's replicas: :mod:`.replicas`), the step, the optimizer's update, saves and loads (ttp's
+engines: :mod:`.ttp`; fault drills: :mod:`.drill`), the step, saves and evaluations (hangs' progress
+reports: :mod:`.hangs`). MindSpeed-LLM imports these by name from
 megatron; the patcher rebinds those copies too.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 from typing import Any, Callable
 
 from ft_plugins.config import INJECT_VAR
+from ft_plugins.features.hangs import Hangs
 from ft_plugins.features.mstx import DATALOADER, SAVE_CHECKPOINT, Mstx
 from ft_plugins.features.recover import Recover
 from ft_plugins.features.resume import Resume
@@ -72,6 +74,10 @@ class MegatronIntegration:
             glue = MegatronTtp(ttp, runtime.config.strict)
             self._recover(glue)  # inside ttp's step hook: a recovered step never reaches ttp's dump
             self._add("ttp", *glue.patches())
+        if runtime.running(Hangs) is not None:  # last, so outermost: a step reported before a drill fires in it
+            from ft_plugins.torch.hangs import MegatronProgress
+
+            self._add("hangs", *MegatronProgress().patches())
 
     def _recover(self, ttp: Any) -> None:
         """``recover`` on ttp's engine: the built-in one's protocol, or MindIO's handlers (its step tracker, its

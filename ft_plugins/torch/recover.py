@@ -10,9 +10,9 @@ every rank rebuilds the groups exactly as Megatron built them, the newest comple
 holds (:mod:`.handover`), every rank stands at exactly K (gradients are zeroed as each step begins,
 the step's batches read again, RNG as at K) and training continues at K + 1.
 
-A replacement starts with ``--load`` ignored and its collectives held (the fake backend) until, at
-``train``, it has learnt K and the counters at K from the survivors' standings, skipped its data to
-K + 1's batch, and at its first step joins the repair. No checkpoint is written or read.
+A replacement starts with ``--load`` ignored and its collectives held (the fake backend); once its model and
+optimizer are set up it learns K and the counters at K from the survivors' standings, as a load would set them
+(so Megatron builds its data iterators at K + 1's first sample), and at its first step joins the repair. No checkpoint is written or read.
 
 Every rank resumes at the one point of Megatron's loop where the survivors stand
 (:func:`ft_plugins.recovery.resumption`): step K + 1 from its start; the logging of K (a survivor caught
@@ -39,7 +39,7 @@ import time
 from datetime import timedelta
 from typing import Any, Callable
 
-from ft_plugins import faults
+from ft_plugins import faults, progress
 from ft_plugins.features.recover import Recover
 from ft_plugins.patching import Patch
 from ft_plugins.rank import global_rank, is_rank_zero
@@ -65,6 +65,21 @@ OUTCOME = {STEP: REPEAT, LOG: BEHIND, SAVING: SAVE}
 
 class Fallback(RuntimeError):
     """Recovery cannot work; the message says why."""
+
+
+def step_samples(consumed: int) -> int:
+    """The samples of the step that brought the run to ``consumed`` samples: the global batch, or under
+    ``--rampup-batch-size`` the batch Megatron's calculator gives at the step's start (``c`` with
+    ``c + batch(c) == consumed``: one, as the batch never shrinks)."""
+    calculator = megatron("core.num_microbatches_calculator")
+    try:
+        for batch in range(1, min(consumed, megatron("training.global_vars").get_args().global_batch_size) + 1):
+            calculator.update_num_microbatches(consumed - batch, consistency_check=False)
+            if calculator.get_current_global_batch_size() == batch:
+                return batch
+    finally:
+        calculator.update_num_microbatches(consumed, consistency_check=False)
+    raise Fallback(f"no step of this run's batch sizes ends at {consumed} consumed samples")
 
 
 class MegatronRecovery:
@@ -96,11 +111,16 @@ class MegatronRecovery:
 
     # -- hooks -------------------------------------------------------------------------------------
     def setup_model_and_optimizer(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-        """A replacement reads no checkpoint: its state comes from a peer."""
+        """A replacement reads no checkpoint: its state comes from a peer; its counters are set where the
+        survivors stand, as a load would set them, so that the data iterators Megatron builds next start at the
+        survivors' next sample (nothing read to skip)."""
         if self.joined:
             return wrapped(*args, **kwargs)
         with without_load(f"replacement of rank {os.environ.get('RANK')}"):
-            return wrapped(*args, **kwargs)
+            result = wrapped(*args, **kwargs)
+        if supervised(os.environ):
+            self._enter()
+        return result
 
     def train(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         if not supervised(os.environ):  # ttp alone handles a failure, as without this feature
@@ -126,8 +146,6 @@ class MegatronRecovery:
         else:
             self.batches = Batches(iterator)
             args, kwargs = loop.replaced(args, kwargs, 4, "train_data_iterator", self.batches)
-        if not self.joined:
-            self._enter()
         result = wrapped(*args, **kwargs)
         if not self.joined:  # no step was left to run: the survivors stand in the loop's save of the last one
             self._join(megatron("training.global_vars").get_args().iteration)
@@ -202,6 +220,7 @@ class MegatronRecovery:
 
         rank, world = dist.get_rank(), dist.get_world_size()
         started = time.monotonic()
+        progress.report(progress.RECOVERY)
         standing, snapshot = self._standing(iteration)
         standing = standing._replace(saving=saving)
         generation = self.generation + 1
@@ -264,6 +283,7 @@ class MegatronRecovery:
             log.warning("recover: rank %d %s generation %d in %.2f s: every rank stands at step %d, training "
                         "continues at step %d", rank, "joined" if mine is None else "repaired", generation,
                         time.monotonic() - started, decided.step, decided.step + 1)
+        progress.report(progress.STEP)  # the step goes on (or starts again) under the step's bound
         return outcome
 
     def _hand_over(self, rank: int, decided: Any, index: int, mine: tuple[Standing, Any] | None) -> str:
@@ -325,14 +345,13 @@ class MegatronRecovery:
             raise SystemExit(EXIT_ON_ERROR)
         newest = next(standing for standing in standings.values() if standing.completed == step)
         behind = 1 if resume == LOG else 0  # it runs the end of step K with the survivors: it starts as at K - 1
-        per_step = megatron("core.num_microbatches_calculator").get_num_microbatches()
-        data_parallel = megatron("core.parallel_state").get_data_parallel_world_size()
-        samples = data_parallel * megatron_args.micro_batch_size * per_step
-        flops = megatron("training.training").num_floating_point_operations(megatron_args, samples)
+        samples = behind and step_samples(newest.consumed)
+        flops = megatron("training.training").num_floating_point_operations(megatron_args, samples) if samples else 0
         megatron_args.iteration = step - behind
-        megatron_args.consumed_train_samples = newest.consumed - behind * samples
-        megatron_args.num_floating_point_operations_so_far = newest.flops - behind * flops
-        self.batches.skip((step - behind) * per_step)
+        megatron_args.consumed_train_samples = newest.consumed - samples
+        megatron_args.num_floating_point_operations_so_far = newest.flops - flops
+        megatron("core.num_microbatches_calculator").update_num_microbatches(megatron_args.consumed_train_samples,
+                                                                             consistency_check=False)
         log.warning("recover: replacement of rank %s (generation %d) starts at step %d, as the survivors",
                     os.environ.get("RANK"), self.generation, step + 1 - behind)
 

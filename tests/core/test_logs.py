@@ -50,7 +50,7 @@ ACTIVATE = "import ft_plugins.runtime as r; r.activate('pt'); r.activate('pt')" 
 def test_rank_0_says_one_summary_once_the_other_ranks_nothing() -> None:
     zero = _process(ACTIVATE, RANK="0", WORLD_SIZE="2").stderr.splitlines()
     assert len(zero) == 1 and zero[0].startswith("[ft_plugins rank 0] INFO taskd ")
-    assert all(f"{name} " in zero[0] for name in ("taskd", "mstx", "resume", "ttp", "recover"))
+    assert all(f"{name} " in zero[0] for name in ("taskd", "mstx", "resume", "ttp", "recover", "hangs"))
     assert _process(ACTIVATE, RANK="1", WORLD_SIZE="2").stderr == ""
 
 
@@ -76,13 +76,13 @@ def test_the_launcher_says_one_line_and_publishes_what_the_workers_compare() -> 
             "print(os.environ['FT_LAUNCHER_FEATURES'])")
     result = _process(code, FT_PLUGINS="resume")
     assert result.stderr.splitlines() == ["[ft_plugins rank 0] INFO torchrun launcher: workers start with resume"]
-    assert result.stdout.split() == ["taskd=off,mstx=off,resume=on,ttp=off,recover=off"]
+    assert result.stdout.split() == ["taskd=off,mstx=off,resume=on,ttp=off,recover=off,hangs=off"]
 
 
 def test_features_command_prints_each_status_once() -> None:
     result = _process("from ft_plugins.cli import main; raise SystemExit(main(['features']))", FT_PLUGINS="resume")
     assert result.returncode == 0 and result.stderr == ""
-    assert [line.split()[0] for line in result.stdout.splitlines()] == ["taskd", "mstx", "resume", "ttp", "recover"]
+    assert [line.split()[0] for line in result.stdout.splitlines()] == ["taskd", "mstx", "resume", "ttp", "recover", "hangs"]
 
 
 def test_every_rank_raising_no_intact_checkpoint_names_what_was_skipped(tmp_path) -> None:

@@ -1,0 +1,89 @@
+"""``hangs``: a rank that stops making progress is found within a bound learned from the job's own steps.
+
+Every worker reports where it stands (:mod:`ft_plugins.progress`); ``ft-plugins run``'s torchrun watches the
+reports (:mod:`ft_plugins.launch.watchdog`). A rank is hung when it has not moved within its section's bound:
+``max(floor, factor x the slowest step seen)`` for a step, the ``warmup`` bound for set-up, the first
+``warmup_steps`` steps of a process and what follows the training loop, and ``save``, ``eval`` and ``recovery`` (dump, in-place repair) bounds of
+their own. The hung rank's stacks go to the log, then it is ended (SIGTERM, SIGKILL after ``grace``) and the
+job goes the way a death goes: ``recover`` in place, else ``ttp``'s dump and torchrun's restart. It ends
+processes, so ``FT_PLUGINS=auto`` never turns it on: only its name or ``all`` does.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ft_plugins.config import Option
+from ft_plugins.features.base import Feature
+from ft_plugins.progress import DUMP, END, EVAL, RECOVERY, SAVE, SETUP
+from ft_plugins.vendors import VendorUnavailable
+
+
+def _seconds(raw: str) -> float:
+    value = float(raw)
+    if value <= 0:
+        raise ValueError("expected a number of seconds greater than 0")
+    return value
+
+
+def _count(raw: str) -> int:
+    value = int(raw)
+    if value < 0:
+        raise ValueError("expected a whole number >= 0")
+    return value
+
+
+class Bounds:
+    """How long each section may go without a report, learned from the steps this job has run."""
+
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        self.settings = dict(settings)
+        self.slowest = 0.0  # the slowest step seen after warm-up, in seconds
+
+    def learn(self, seconds: float, begun: int) -> None:
+        """A step took ``seconds``; the ``begun``-th of its process (warm-up steps teach nothing: compilation)."""
+        if begun > self.settings["warmup_steps"]:
+            self.slowest = max(self.slowest, seconds)
+
+    def step(self) -> float:
+        return max(self.settings["floor"], self.settings["factor"] * self.slowest)
+
+    def bound(self, section: int, begun: int) -> float:
+        """Seconds a rank in ``section`` (its ``begun``-th step of this process) may stay without a report."""
+        if section in (SETUP, END) or begun <= self.settings["warmup_steps"]:
+            return max(self.settings["warmup"], self.step())
+        special = {SAVE: "save", EVAL: "eval", DUMP: "recovery", RECOVERY: "recovery"}.get(section)
+        return max(self.settings[special], self.step()) if special else self.step()
+
+    def describe(self) -> str:
+        s = self.settings
+        return (f"a step max({s['floor']:g} s, {s['factor']:g} x the slowest step), set-up, the first "
+                f"{s['warmup_steps']} steps and the end {s['warmup']:g} s, save {s['save']:g} s, eval {s['eval']:g} s, dump or "
+                f"recovery {s['recovery']:g} s; then stacks, SIGTERM, SIGKILL after {s['grace']:g} s")
+
+
+class Hangs(Feature):
+    name = "hangs"
+    summary = "a rank that stops making progress is found, its stacks logged, and it is ended like a death"
+    options = (
+        Option("floor", 60.0, "least seconds a step may go without progress", _seconds),
+        Option("factor", 5.0, "a step's bound is this many times the slowest step seen (never below floor)",
+               _seconds),
+        Option("warmup", 900.0, "seconds for set-up, each of the first warmup_steps steps of a process, and what "
+               "follows the training loop (final evaluation and save, exit)",
+               _seconds),
+        Option("warmup_steps", 2, "steps of each process under the warmup bound (compilation, first batches)",
+               _count),
+        Option("save", 900.0, "seconds a checkpoint save may take", _seconds),
+        Option("eval", 900.0, "seconds an evaluation may take", _seconds),
+        Option("recovery", 900.0, "seconds a dump or an in-place recovery may take", _seconds),
+        Option("grace", 5.0, "seconds between SIGTERM and SIGKILL for a hung rank", _seconds),
+    )
+
+    def start(self) -> str:
+        if self.framework != "pt":
+            raise VendorUnavailable("hang watching is implemented for PyTorch under torchrun only")
+        if not self.requested:
+            raise VendorUnavailable("hangs ends processes that stop making progress: it runs only when asked for "
+                                    "(FT_PLUGINS=hangs,... or all)")
+        return f"watched by ft-plugins run's torchrun; bounds: {Bounds(self.settings).describe()}"

@@ -1,0 +1,127 @@
+"""The launcher's judgement of its workers' progress reports, free of processes and signals (the watchdog acts).
+
+When one rank hangs, its peers soon stop too: they wait for it inside a collective. So "who stopped" is not
+"who hung". Once a rank is past its bound, every rank quiet for half its own bound is asked for its stacks;
+a rank whose main thread waits in a collective is a victim, one that does not is a culprit. One culprit among
+victims (or among ranks still moving) is a hang: end the culprit, the job goes on as after a death. Victims of a
+rank still within its own bound (a long save) wait with it. Every rank
+stalled alike (all waiting, or none waiting: a file system or a store that stopped answering), or a second hang
+before any step moved on, is told apart: the whole job dumps and restarts, never a replacement loop.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from ft_plugins.features.hangs import Bounds
+from ft_plugins.progress import BETWEEN, DATA, STEP, Record
+
+# where a main thread waits for its peers, its innermost frame: torch's collectives, the waits on Megatron's
+# gradient reductions and pipeline communication
+WAIT_SITES = ("/torch/distributed/", "/megatron/core/distributed/param_and_grad_buffer.py",
+              "/megatron/core/pipeline_parallel/p2p_communication.py")
+HANG, ALL, WAIT = "hang", "all", "wait"
+_THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):$")
+_IN_STEP = (STEP, DATA)
+
+
+@dataclass
+class Watch:
+    """One worker process as its launcher sees it: its last report and when anything last moved."""
+
+    pid: int
+    moved: float  # when its report last changed (or when the launcher first saw the process)
+    record: Record | None = None
+    step_began: float | None = None  # when its current step was first seen running
+
+    def observe(self, record: Record | None, now: float, bounds: Bounds) -> None:
+        """Take a report read at ``now``; a step that ended teaches ``bounds`` its duration."""
+        if record is None or record.pid != self.pid or record == self.record:
+            return  # not reporting yet (the file is a previous process's), or nothing moved
+        last = self.record
+        if last is not None and last.section in _IN_STEP and self.step_began is not None and (
+                record.step != last.step or record.section not in _IN_STEP):
+            bounds.learn(now - self.step_began, last.begun)
+            self.step_began = None
+        if record.section in _IN_STEP and (last is None or last.step != record.step or last.section not in _IN_STEP):
+            self.step_began = now
+        self.record, self.moved = record, now
+
+    @property
+    def reporting(self) -> bool:
+        return self.record is not None
+
+    def bound(self, bounds: Bounds) -> float:
+        record = self.record
+        return bounds.bound(record.section, record.begun) if record is not None else float("inf")
+
+    def quiet(self, now: float) -> float:
+        return now - self.moved
+
+    def where(self) -> str:
+        record = self.record
+        if record is None:
+            return "set-up, not reporting"
+        section = "between steps" if record.section == BETWEEN else record.section_name
+        return f"{section} of step {record.step}" if record.step else section
+
+
+@dataclass
+class Verdict:
+    kind: str  # HANG, ALL or WAIT
+    culprits: list[int] = field(default_factory=list)  # ranks to end (HANG)
+    victims: list[int] = field(default_factory=list)  # ranks waiting in a collective
+    why: str = ""
+
+
+def overdue(watches: Mapping[int, Watch], now: float, bounds: Bounds) -> list[int]:
+    """Ranks past their section's bound."""
+    return [rank for rank, watch in watches.items() if watch.reporting and watch.quiet(now) > watch.bound(bounds)]
+
+
+def stuck(watches: Mapping[int, Watch], now: float, bounds: Bounds) -> list[int]:
+    """Ranks quiet for at least half their bound: those a hang may have stopped too."""
+    return [rank for rank, watch in watches.items()
+            if watch.reporting and watch.quiet(now) >= watch.bound(bounds) / 2]
+
+
+def main_frames(stacks: str, thread: int) -> list[str]:
+    """The ``File ...`` lines of thread ``thread`` in a faulthandler dump (empty when it is not there)."""
+    frames: list[str] = []
+    inside = False
+    for line in stacks.splitlines():
+        found = _THREAD.match(line.strip())
+        if found:
+            inside = int(found.group(1), 16) == thread
+        elif inside and line.strip().startswith("File "):
+            frames.append(line.strip())
+    return frames
+
+
+def waits_on_peers(frames: Sequence[str]) -> bool:
+    """Whether a main thread stands inside a collective (it waits for a peer): its innermost frame is one
+    (a model's forward runs inside Megatron's DDP wrapper: an outer frame says nothing)."""
+    return bool(frames) and any(site in frames[0] for site in WAIT_SITES)
+
+
+def judge(stopped: Sequence[int], moving: Sequence[int], waiting: Mapping[int, bool], repeated: bool,
+          remote: bool = False, patient: bool = False) -> Verdict:
+    """What the stop of ``stopped`` ranks is (``waiting``: which of them wait in a collective), with ``moving``
+    ranks still reporting. ``repeated``: a hang was already answered and no step moved since. ``remote``: ranks
+    on other nodes, whose launchers may find the culprit; ``patient``: within twice the bound, so they may."""
+    victims = [rank for rank in stopped if waiting.get(rank)]
+    culprits = [rank for rank in stopped if not waiting.get(rank)]
+    if repeated:
+        return Verdict(ALL, victims=victims, why="stopped again at the step of the hang just answered")
+    if culprits and (victims or moving):
+        return Verdict(HANG, culprits, victims)
+    if not culprits and moving:
+        return Verdict(WAIT, victims=victims, why="they wait for a rank still within its bound (a long save?)")
+    if not culprits and remote and patient:
+        return Verdict(WAIT, victims=victims, why="every local rank waits in a collective: for a rank elsewhere")
+    why = ("every rank waits in a collective and none is missing from it here" if not culprits else
+           "no rank waits for another: they all stopped outside collectives (a file system or store not answering?)")
+    return Verdict(ALL, victims=victims, why=why)
+

@@ -1,0 +1,214 @@
+"""The launcher side of ``hangs``, inside the torchrun process: a rank that stops making progress is ended.
+
+On each monitoring round of torchrun's agent (every ``--monitor-interval``, 0.1 s by default) the
+:class:`Watchdog` reads its workers' progress files (:mod:`ft_plugins.progress`) and judges them
+(:mod:`.stalls`). For a hang it logs the hung rank's stacks (all threads, asked for with SIGUSR2) with its
+rank, step and section, sends it SIGTERM, and SIGKILL after the grace; the round then goes on as usual, so the
+death is handled as any: ``recover``'s :class:`~ft_plugins.launch.recover.Supervisor` replaces the rank in place,
+else torchrun stops the others (``ttp``'s dump) and restarts the job as its ``--max-restarts`` allows. For every
+rank stalled alike it says so in one line and answers the round as a failed worker group: the dump and the
+restart, and no replacement.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import time
+from typing import Any, Callable, Mapping
+
+from ft_plugins import progress
+from ft_plugins.config import PROGRESS_VAR
+from ft_plugins.features.hangs import Bounds
+from ft_plugins.launch.stalls import ALL, HANG, Verdict, Watch, judge, main_frames, overdue, stuck, waits_on_peers
+
+log = logging.getLogger("ft_plugins.hangs")
+
+AGENT = "torch.distributed.elastic.agent.server.local_elastic_agent"
+STACKS_WAIT = 2.0  # seconds the ranks asked get to write their stacks (a C signal handler: milliseconds)
+EXIT_WAIT = 5.0  # seconds a SIGKILLed rank gets to be gone
+POLL = 0.05
+WAIT_AGAIN = 1.0  # seconds before ranks that wait for a rank within its bound are asked for their stacks again
+
+
+class Watchdog:
+    """Watches the local workers' progress in torchrun's agent and ends a hung one."""
+
+    def __init__(self, settings: Mapping[str, Any], directory: str) -> None:
+        self.bounds = Bounds(settings)
+        self.grace = float(settings["grace"])
+        self.directory = directory
+        self.watches: dict[int, Watch] = {}  # global rank -> the worker process watched
+        self.answered: int | None = None  # the furthest step when a hang was last answered
+        self._read_to: dict[int, int] = {}  # global rank -> how far its stacks file was read
+        self._calm_until = 0.0  # after a wait verdict, the ranks are asked again only this late
+        self._said = ""  # the last wait verdict said
+
+    def install(self) -> None:
+        """Wrap the agent's monitoring round (imported here: this runs in the torchrun process only)."""
+        import importlib
+
+        import wrapt
+
+        agent = importlib.import_module(AGENT).LocalElasticAgent
+        agent._monitor_workers = wrapt.FunctionWrapper(agent._monitor_workers, self.monitor)
+
+    def monitor(self, wrapped: Callable[..., Any], agent: Any, args: tuple, kwargs: dict) -> Any:
+        worker_group = kwargs.get("worker_group", args[0] if args else None)
+        context = getattr(agent, "_pcontext", None)
+        if worker_group is not None and context is not None and getattr(context, "subprocess_handlers", None):
+            try:
+                verdict = self.look(worker_group, context, time.monotonic())
+            except Exception as exc:  # never into torchrun's loop: a watchdog that fails leaves the job as it was
+                log.warning("hangs: progress not read this round (%s: %s)", type(exc).__name__, exc)
+                verdict = None
+            if verdict is not None and verdict.kind == ALL:
+                return _failed(worker_group, context)
+        return wrapped(*args, **kwargs)
+
+    def look(self, worker_group: Any, context: Any, now: float) -> Verdict | None:
+        """Read every local worker's report; act on a hang; the verdict when there was one."""
+        ranks = {worker.local_rank: worker.global_rank for worker in worker_group.workers}
+        pids = {ranks[local]: pid for local, pid in context.pids().items()}
+        for rank, pid in pids.items():
+            if rank not in self.watches or self.watches[rank].pid != pid:
+                self.watches[rank] = Watch(pid, now)  # a new process: set-up, until it reports
+            self.watches[rank].observe(progress.read(self.directory, rank), now, self.bounds)
+        for rank in set(self.watches) - set(pids):
+            del self.watches[rank]
+        late = overdue(self.watches, now, self.bounds)
+        if not late or now < self._calm_until:
+            return None
+        stopped = stuck(self.watches, now, self.bounds)
+        moving = [rank for rank, watch in self.watches.items() if watch.reporting and rank not in stopped]
+        stacks = self.stacks(stopped)
+        waiting = {rank: waits_on_peers(main_frames(stacks.get(rank, ""), self.watches[rank].record.thread))
+                   for rank in stopped}
+        furthest = max(watch.record.step for watch in self.watches.values() if watch.record is not None)
+        remote = worker_group.workers[0].world_size > len(pids)
+        patient = all(self.watches[rank].quiet(now) < 2 * self.watches[rank].bound(self.bounds) for rank in late)
+        verdict = judge(stopped, moving, waiting, self.answered is not None and furthest <= self.answered, remote,
+                        patient)
+        if verdict.kind == HANG:
+            self.answered = furthest
+            self._end(verdict, stacks, context, ranks, now)
+        elif verdict.kind == ALL:
+            self._all_stalled(verdict, stopped, stacks, now)
+        else:
+            self._calm_until = now + WAIT_AGAIN
+            if verdict.why != self._said:
+                log.info("hangs: rank%s %s past %s bound, not ended: %s", "s" if len(late) > 1 else "",
+                         ", ".join(map(str, sorted(late))), "their" if len(late) > 1 else "its", verdict.why)
+            self._said = verdict.why
+        return verdict
+
+    def stacks(self, ranks: list[int]) -> dict[int, str]:
+        """The stacks each rank writes when asked (SIGUSR2), as far as written within ``STACKS_WAIT``."""
+        for rank in ranks:
+            try:
+                os.kill(self.watches[rank].pid, progress.STACKS_SIGNAL)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + STACKS_WAIT
+        while time.monotonic() < deadline and not all(self._read_stacks(rank) for rank in ranks):
+            time.sleep(POLL)
+        time.sleep(POLL)  # a dump under way ends
+        return {rank: self._read_stacks(rank, keep=True) for rank in ranks}
+
+    def _read_stacks(self, rank: int, keep: bool = False) -> str:
+        path = progress.stacks_path(self.directory, rank)
+        start = self._read_to.get(rank, 0)
+        try:
+            with open(path, errors="replace") as file:
+                file.seek(start)
+                text = file.read()
+        except OSError:
+            return ""
+        if keep:
+            self._read_to[rank] = start + len(text.encode())
+        return text
+
+    def _end(self, verdict: Verdict, stacks: Mapping[int, str], context: Any, ranks: Mapping[int, int],
+             now: float) -> None:
+        """Log each culprit with its stacks, SIGTERM, SIGKILL after the grace; the others start their bound anew."""
+        for rank in verdict.culprits:
+            watch = self.watches[rank]
+            log.error("hangs: rank %d (pid %d) made no progress for %.1f s in %s (bound %.1f s); it is ended "
+                      "(SIGTERM, SIGKILL after %g s). Its stacks:\n%s", rank, watch.pid, watch.quiet(now),
+                      watch.where(), watch.bound(self.bounds), self.grace, stacks.get(rank, "").rstrip()
+                      or "(none written)")
+        if verdict.victims:
+            log.warning("hangs: rank%s %s wait%s for it in a collective", "s" if len(verdict.victims) > 1 else "",
+                        ", ".join(map(str, verdict.victims)), "" if len(verdict.victims) > 1 else "s")
+        local = {global_rank: local_rank for local_rank, global_rank in ranks.items()}
+        procs = [context.subprocess_handlers[local[rank]].proc for rank in verdict.culprits]
+        _signal(procs, signal.SIGTERM)
+        if not _gone(procs, self.grace):
+            _signal([proc for proc in procs if proc.poll() is None], signal.SIGKILL)
+            _gone(procs, EXIT_WAIT)
+        restart = time.monotonic()
+        for watch in self.watches.values():
+            watch.moved = max(watch.moved, restart)  # their peer's death reaches them now: a full bound again
+
+    def _all_stalled(self, verdict: Verdict, stopped: list[int], stacks: Mapping[int, str], now: float) -> None:
+        where = sorted({self.watches[rank].where() for rank in stopped})
+        log.error("hangs: every rank stalled (%d ranks quiet %.1f s or more, in %s): %s; the job dumps and "
+                  "restarts as a whole, no rank is replaced", len(stopped), min(self.watches[r].quiet(now)
+                                                                                 for r in stopped),
+                  "; ".join(where), verdict.why)
+        for rank in stopped:
+            log.info("hangs: stacks of rank %d:\n%s", rank, stacks.get(rank, "").rstrip() or "(none written)")
+        self.watches.clear()
+
+
+def _signal(procs: list[Any], sig: int) -> None:
+    for proc in procs:
+        try:
+            os.kill(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _gone(procs: list[Any], wait: float) -> bool:
+    deadline = time.monotonic() + wait
+    while any(proc.poll() is None for proc in procs):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL)
+    return True
+
+
+def _failed(worker_group: Any, context: Any) -> Any:
+    """The round's result for a job stalled as a whole: its workers failed (torchrun stops them all, SIGTERM
+    first: ``ttp``'s dump; then restarts them as ``--max-restarts`` allows)."""
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    ranks = {worker.local_rank: worker.global_rank for worker in worker_group.workers}
+    failures = {ranks[local]: ProcessFailure(local, pid, -signal.SIGTERM, "") for local, pid in context.pids().items()}
+    return RunResult(state=WorkerState.FAILED, failures=failures)
+
+
+def prepare() -> str:
+    """The job's progress directory, exported to the workers this launcher starts; removed when it exits."""
+    directory = tempfile.mkdtemp(prefix="ft_plugins-progress-")
+    atexit.register(shutil.rmtree, directory, True)
+    os.environ[PROGRESS_VAR] = directory
+    return directory
+
+
+def install(settings: Mapping[str, Any]) -> bool:
+    """Called in the torchrun launcher when ``hangs`` is on; never raises (torchrun then runs as usual)."""
+    try:
+        directory = prepare()
+        Watchdog(settings, directory).install()
+    except Exception as exc:
+        os.environ.pop(PROGRESS_VAR, None)
+        log.warning("hangs: torchrun's agent not adapted (%s: %s); hangs are not watched", type(exc).__name__, exc)
+        return False
+    log.info("hangs: watched by this launcher; bounds: %s", Bounds(settings).describe())
+    return True

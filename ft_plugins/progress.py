@@ -1,0 +1,133 @@
+"""Where a worker stands, told to its launcher cheaply, so the launcher can find a rank that stopped moving.
+
+Each worker owns one small file, ``<dir>/<rank>``, in a directory its launcher names in ``FT_PLUGINS_PROGRESS``
+(set by ``ft-plugins run``'s torchrun, which watches: :mod:`ft_plugins.launch.watchdog`). The file is mapped
+into memory: a report is one ``struct.pack_into`` (about a microsecond), never a system call. The launcher
+reads the files on its own monitoring round and times the changes itself, so no clock is read here either.
+
+At :func:`start` the worker also registers ``faulthandler`` on ``SIGUSR2`` to write the Python stacks of all
+its threads to ``<dir>/<rank>.stacks``: the C handler runs even while the main thread is blocked in a driver
+call or a collective, so a launcher can ask a hung rank where it stands.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import mmap
+import os
+import signal
+import struct
+import threading
+from contextlib import contextmanager
+from typing import IO, Iterator, Mapping, NamedTuple
+
+from ft_plugins.config import PROGRESS_VAR
+
+log = logging.getLogger("ft_plugins.hangs")
+
+# sections, by code: what a rank is doing; each has its own bound at the launcher
+SECTIONS = ("setup", "step", "data", "save", "eval", "dump", "recovery", "between", "end")
+SETUP, STEP, DATA, SAVE, EVAL, DUMP, RECOVERY, BETWEEN, END = range(len(SECTIONS))
+STACKS_SIGNAL = signal.SIGUSR2
+_HEAD = struct.Struct("<iQ")  # pid, the main thread's ident (names it in a faulthandler dump)
+_BODY = struct.Struct("<QqqB")  # reports so far, step, steps begun in this process, section
+_SIZE = _HEAD.size + _BODY.size
+
+
+class Record(NamedTuple):
+    """One rank's last report: its process, its main thread, how many reports, the step and section."""
+
+    pid: int
+    thread: int
+    seq: int
+    step: int
+    begun: int
+    section: int
+
+    @property
+    def section_name(self) -> str:
+        return SECTIONS[self.section] if self.section < len(SECTIONS) else f"section {self.section}"
+
+
+class Reporter:
+    """The writing side, in a worker: one mapped file."""
+
+    def __init__(self, directory: str, rank: int) -> None:
+        path = os.path.join(directory, str(rank))
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            os.ftruncate(fd, _SIZE)
+            self._map = mmap.mmap(fd, _SIZE)
+        finally:
+            os.close(fd)
+        self.seq, self.step, self.begun, self.section = 0, 0, 0, SETUP
+        _HEAD.pack_into(self._map, 0, os.getpid(), threading.main_thread().ident or 0)
+        self.report(SETUP)
+        self._stacks: IO[str] = open(stacks_path(directory, rank), "a")  # kept open: faulthandler writes to its fd
+        faulthandler.register(STACKS_SIGNAL, file=self._stacks, all_threads=True)
+
+    def report(self, section: int, step: int | None = None) -> None:
+        """This rank is now in ``section`` (of ``step``, when given)."""
+        self.seq += 1
+        if step is not None and section == STEP and step != self.step:
+            self.begun += 1
+        if step is not None:
+            self.step = step
+        self.section = section
+        _BODY.pack_into(self._map, _HEAD.size, self.seq, self.step, self.begun, section)
+
+
+_reporter: Reporter | None = None
+
+
+def start(rank: int, env: Mapping[str, str] | None = None) -> bool:
+    """Report to the launcher named in the environment, once per process; False where none watches. Never raises."""
+    global _reporter
+    directory = (os.environ if env is None else env).get(PROGRESS_VAR, "")
+    if _reporter is not None or not directory:
+        return _reporter is not None
+    try:
+        _reporter = Reporter(directory, rank)
+    except (OSError, ValueError, RuntimeError) as exc:
+        log.warning("hangs: rank %d cannot report its progress to the launcher (%s: %s); it is not watched",
+                    rank, type(exc).__name__, exc)
+        return False
+    return True
+
+
+def report(section: int, step: int | None = None) -> None:
+    """Tell the launcher where this rank stands; nothing where no launcher watches."""
+    if _reporter is not None:
+        _reporter.report(section, step)
+
+
+@contextmanager
+def within(section: int) -> Iterator[None]:
+    """Report ``section`` for the time of the block, then the section it interrupted again (a save or an
+    evaluation between steps)."""
+    if _reporter is None:
+        yield
+        return
+    before = _reporter.section
+    _reporter.report(section)
+    try:
+        yield
+    finally:
+        _reporter.report(before)
+
+
+def stacks_path(directory: str, rank: int) -> str:
+    return os.path.join(directory, f"{rank}.stacks")
+
+
+def read(directory: str, rank: int) -> Record | None:
+    """A rank's last report (None: nothing readable yet); read twice so a report written meanwhile is not torn."""
+    try:
+        with open(os.path.join(directory, str(rank)), "rb") as file:
+            first, second = file.read(_SIZE), os.pread(file.fileno(), _SIZE, 0)
+    except OSError:
+        return None
+    if len(first) != _SIZE or first != second:
+        return None
+    return Record(*_HEAD.unpack_from(first), *_BODY.unpack_from(first, _HEAD.size))

@@ -1,0 +1,199 @@
+"""``hangs`` without processes: the bounds learned from the job's steps, the launcher's judgement of who hung
+(one rank, or every rank alike), the progress record, the stacks' reading, the options and the start-up lines."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ft_plugins import progress
+from ft_plugins.config import ConfigError, load
+from ft_plugins.faults import Fault, parse_faults
+from ft_plugins.features import declared_options
+from ft_plugins.features.hangs import Bounds, Hangs
+from ft_plugins.launch import doctor, environment
+from ft_plugins.launch.stalls import ALL, HANG, WAIT, Watch, judge, main_frames, overdue, stuck, waits_on_peers
+from ft_plugins.progress import BETWEEN, END, EVAL, RECOVERY, SAVE, SETUP, STEP, Record
+
+DEFAULTS = {option.name: option.default for option in Hangs.options}
+SETTINGS = {**DEFAULTS, "floor": 3.0, "factor": 5.0, "warmup": 60.0, "warmup_steps": 1, "save": 30.0}
+
+
+def _record(step: int, section: int, seq: int, begun: int | None = None, pid: int = 7) -> Record:
+    return Record(pid, 0x1234, seq, step, step if begun is None else begun, section)
+
+
+def test_a_step_bound_is_a_multiple_of_the_slowest_step_seen_after_warm_up_with_a_floor() -> None:
+    bounds = Bounds(SETTINGS)
+    assert bounds.step() == 3.0  # nothing learned: the floor
+    bounds.learn(40.0, begun=1)  # the first step of the process (compilation): teaches nothing
+    assert bounds.step() == 3.0
+    bounds.learn(0.2, begun=2)
+    bounds.learn(1.5, begun=3)
+    bounds.learn(0.4, begun=4)
+    assert bounds.slowest == 1.5 and bounds.step() == 7.5
+
+
+def test_set_up_the_first_steps_saves_evaluations_and_recoveries_have_bounds_of_their_own() -> None:
+    bounds = Bounds(SETTINGS)
+    assert bounds.bound(SETUP, 0) == bounds.bound(END, 9) == 60.0  # set-up; after the training loop
+    assert bounds.bound(STEP, 1) == 60.0  # a warm-up step
+    assert bounds.bound(STEP, 2) == bounds.bound(BETWEEN, 2) == 3.0
+    assert bounds.bound(SAVE, 2) == 30.0
+    assert bounds.bound(EVAL, 2) == bounds.bound(RECOVERY, 2) == 900.0
+    bounds.learn(10.0, begun=5)  # steps grew past what a save is given: the save's bound grows with them
+    assert bounds.bound(SAVE, 6) == 50.0
+
+
+def test_the_launcher_learns_step_durations_from_the_reports_it_sees() -> None:
+    bounds, watch = Bounds(SETTINGS), Watch(pid=7, moved=0.0)
+    watch.observe(_record(0, SETUP, 1), 0.0, bounds)
+    watch.observe(_record(1, STEP, 2), 5.0, bounds)
+    watch.observe(_record(1, BETWEEN, 3), 25.0, bounds)  # the warm-up step: 20 s, not learned
+    watch.observe(_record(2, STEP, 4), 25.1, bounds)
+    watch.observe(_record(2, BETWEEN, 5), 26.1, bounds)  # 1 s
+    watch.observe(_record(2, SAVE, 6), 26.2, bounds)
+    watch.observe(_record(2, BETWEEN, 7), 40.0, bounds)  # a save is not a step
+    watch.observe(_record(3, STEP, 8), 40.0, bounds)
+    watch.observe(_record(4, STEP, 9), 42.0, bounds)  # the step's end not seen: the next one's start ends it
+    assert bounds.slowest == pytest.approx(2.0) and bounds.step() == pytest.approx(10.0)
+    assert watch.moved == 42.0 and watch.where() == "step of step 4"
+
+
+def test_a_report_of_another_process_or_an_unchanged_one_is_no_progress() -> None:
+    bounds, watch = Bounds(SETTINGS), Watch(pid=7, moved=0.0)
+    watch.observe(_record(3, STEP, 9, pid=6), 1.0, bounds)  # the file still holds the previous process's report
+    assert not watch.reporting and watch.moved == 0.0
+    watch.observe(_record(3, STEP, 9), 2.0, bounds)
+    watch.observe(_record(3, STEP, 9), 9.0, bounds)
+    assert watch.moved == 2.0 and watch.quiet(9.0) == 7.0
+
+
+def _watches(now: float, **quiet: tuple[float, int]) -> dict[int, Watch]:
+    """rank -> a watch quiet for ``seconds`` in ``section`` (after warm-up)."""
+    watches = {}
+    for name, (seconds, section) in quiet.items():
+        watch = Watch(pid=7, moved=now - seconds)
+        watch.record = _record(5, section, 1, begun=5)
+        watches[int(name[1:])] = watch
+    return watches
+
+
+def test_who_is_overdue_and_who_may_be_stopped_by_it() -> None:
+    bounds = Bounds(SETTINGS)
+    watches = _watches(100.0, r0=(3.5, STEP), r1=(1.6, STEP), r2=(0.1, STEP), r3=(10.0, SAVE))
+    assert overdue(watches, 100.0, bounds) == [0]
+    assert stuck(watches, 100.0, bounds) == [0, 1]  # quiet for half its bound: a hang may have stopped it too
+
+
+def test_one_rank_outside_any_collective_among_waiting_peers_is_the_hang() -> None:
+    verdict = judge([0, 1, 2, 3], [], {0: True, 1: False, 2: True, 3: True}, repeated=False)
+    assert verdict.kind == HANG and verdict.culprits == [1] and verdict.victims == [0, 2, 3]
+    assert judge([1], [0, 2], {1: False}, repeated=False).culprits == [1]  # its peers still move
+
+
+def test_every_rank_stalled_alike_is_told_apart_and_never_answered_by_a_replacement() -> None:
+    nobody_waits = judge([0, 1], [], {0: False, 1: False}, repeated=False)
+    assert nobody_waits.kind == ALL and "outside collectives" in nobody_waits.why
+    everybody_waits = judge([0, 1], [], {0: True, 1: True}, repeated=False)
+    assert everybody_waits.kind == ALL and everybody_waits.culprits == []
+    again = judge([0, 1], [], {0: True, 1: False}, repeated=True)  # a hang at the step of the one just answered
+    assert again.kind == ALL and again.culprits == []
+
+
+def test_ranks_waiting_for_a_peer_within_its_bound_or_on_another_node_are_left_waiting() -> None:
+    assert judge([0], [1], {0: True}, repeated=False).kind == WAIT  # rank 1 in a long save
+    assert judge([0, 1], [], {0: True, 1: True}, repeated=False, remote=True, patient=True).kind == WAIT
+    assert judge([0, 1], [], {0: True, 1: True}, repeated=False, remote=True, patient=False).kind == ALL
+
+
+STACKS = """Thread 0x00007f0000000002 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/ft_plugins/triggers.py", line 85 in watch
+  File "/usr/lib/python3.11/threading.py", line 982 in run
+
+Current thread 0x00007f0000001234 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2950 in all_reduce
+  File "/venv/lib/python3.11/site-packages/megatron/core/distributed/distributed_data_parallel.py", line 9 in x
+"""
+
+
+def test_a_main_thread_is_found_in_a_faulthandler_dump_and_its_innermost_frame_says_whether_it_waits() -> None:
+    frames = main_frames(STACKS, 0x7F0000001234)
+    assert len(frames) == 2 and waits_on_peers(frames)
+    assert not waits_on_peers(main_frames(STACKS, 0x7F0000000002))
+    assert main_frames(STACKS, 0x1234) == [] and not waits_on_peers([])
+    forward = ['File "/m/megatron/core/transformer/attention.py", line 3 in forward',
+               'File "/m/megatron/core/distributed/distributed_data_parallel.py", line 9 in forward']
+    assert not waits_on_peers(forward)  # a model's forward inside Megatron's DDP wrapper waits for nobody
+
+
+def test_a_worker_reports_into_a_mapped_file_and_writes_its_stacks_when_asked(tmp_path: Path) -> None:
+    code = ("import os, signal, sys, time\n"
+            "from ft_plugins import progress\n"
+            "assert progress.start(3, {'FT_PLUGINS_PROGRESS': sys.argv[1]})\n"
+            "progress.report(progress.STEP, 12)\n"
+            "with progress.within(progress.SAVE):\n"
+            "    print(progress.read(sys.argv[1], 3).section_name, flush=True)\n"
+            "os.kill(os.getpid(), progress.STACKS_SIGNAL)\n"
+            "time.sleep(0.2)\n")
+    result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == "save", result.stderr
+    record = progress.read(str(tmp_path), 3)
+    assert record is not None and record[2:] == (4, 12, 1, STEP)  # setup, step, save, the step again
+    assert main_frames(Path(progress.stacks_path(str(tmp_path), 3)).read_text(), record.thread)
+    assert progress.read(str(tmp_path), 4) is None
+
+
+def test_options_are_declared_and_a_bad_value_names_the_variable() -> None:
+    cfg = load(declared_options(), env={"FT_PLUGINS": "hangs", "FT_PLUGINS_HANGS_FLOOR": "2.5",
+                                        "FT_PLUGINS_PROGRESS": "/tmp/x"})
+    assert cfg.option("hangs", "floor") == 2.5 and cfg.option("hangs", "warmup_steps") == 2
+    with pytest.raises(ConfigError, match="FT_PLUGINS_HANGS_GRACE='-1' is not valid"):
+        load(declared_options(), env={"FT_PLUGINS_HANGS_GRACE": "-1"})
+
+
+def test_asked_for_by_name_only_and_on_pytorch_only() -> None:
+    from ft_plugins.vendors import VendorUnavailable
+
+    hangs = Hangs("pt", DEFAULTS)
+    with pytest.raises(VendorUnavailable, match="only when asked for"):
+        hangs.start()
+    hangs.requested = True
+    assert "max(60 s, 5 x the slowest step)" in hangs.start()
+    with pytest.raises(VendorUnavailable, match="PyTorch"):
+        Hangs("ms", DEFAULTS).start()
+
+
+def test_the_run_summary_and_doctor_show_the_bounds() -> None:
+    env = {**os.environ, "FT_PLUGINS": "ttp,hangs", "FT_PLUGINS_HANGS_FLOOR": "7"}
+    notes = environment.plan(["torchrun", "--nproc-per-node", "2", "train.py"], env=env).notes
+    assert any(note.startswith("hangs watched by torchrun: a step max(7 s, 5 x the slowest step)") for note in notes)
+    assert not any("hangs" in note for note in environment.plan(["torchrun", "train.py"], env=os.environ).notes)
+    check = {check.name: check for check in doctor.check_hangs(env)}["hangs"]
+    assert check.status == doctor.OK and "max(7 s," in check.detail and "watched" in check.detail
+
+
+def test_drills_for_hangs_parse() -> None:
+    assert parse_faults("rank=1,step=3,kind=stuck,at=collective;rank=0,step=2,kind=slow,at=save,seconds=8") == (
+        Fault(1, 3, "stuck", "collective"), Fault(0, 2, "slow", "save", seconds=8))
+    assert str(parse_faults("rank=0,step=2,kind=slow")[0]).endswith("kind=slow,at=forward,attempt=0,seconds=10")
+
+
+def test_a_stuck_drill_ignores_sigterm(tmp_path: Path) -> None:
+    code = ("from ft_plugins.faults import Fault, fire\n"
+            "print('stuck', flush=True)\n"
+            "fire(Fault(0, 0, 'stuck'))\n")
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stdout.readline().strip() == "stuck"
+    time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    assert process.poll() is None, "SIGTERM ended it"
+    process.kill()
+    process.wait()
