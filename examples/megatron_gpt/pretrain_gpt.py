@@ -129,7 +129,11 @@ def single_process_defaults() -> None:
 
 if __name__ == "__main__":
     single_process_defaults()
-    sys.argv[1:1] = DEFAULTS
+    defaults = DEFAULTS
+    if "--train-samples" in sys.argv:  # Megatron takes the run's length in iterations or in samples, not both
+        at = DEFAULTS.index("--train-iters")
+        defaults = DEFAULTS[:at] + DEFAULTS[at + 2:]
+    sys.argv[1:1] = defaults
     if "cfg_container" in inspect.signature(pretrain).parameters:  # megatron-core >= 0.19: config container
         from megatron.training.argument_utils import pretrain_cfg_container_from_args
         from megatron.training.arguments import parse_and_validate_args

@@ -56,7 +56,7 @@ class MegatronDump:
     def __init__(self, feature: Ttp) -> None:
         self.feature = feature
         self._saved: set[int] = set()
-        self._loaded = (0, 0.0)  # (iteration, floating point operations) the run started from
+        self._loaded = (0, 0.0)  # (consumed samples, floating point operations) the run started from
         self._refusal: str | None = None
 
     def refused(self, engine: str) -> bool:
@@ -105,7 +105,7 @@ class MegatronDump:
             dist.barrier()  # nobody reads the tracker before the commit is done
         result = wrapped(*args, **kwargs)
         if isinstance(result, tuple) and len(result) > 1:
-            self._loaded = (result[0], result[1])
+            self.started_from(megatron_args().consumed_train_samples, result[1])
         return result
 
     # -- the dump ----------------------------------------------------------------------------------
@@ -169,7 +169,7 @@ class MegatronDump:
             log.debug("ttp: %s: another survivor writes %s of iteration %d", reason, shard, iteration)
             return
         state = saved_state(step.model, step.optimizer, step.scheduler, iteration, rng, consumed)
-        state["num_floating_point_operations_so_far"] = self.flops(iteration, parsed)
+        state["num_floating_point_operations_so_far"] = self.flops(consumed, parsed)
         writes[FILENAME] = lambda path: torch.save(state, path)
         write_part(save_dir, Part(shard, iteration, shards, rank), writes)
         written = time.monotonic()
@@ -183,11 +183,15 @@ class MegatronDump:
         status = "committed" if outcome.committed else f"not committed yet ({'; '.join(outcome.reasons)})"
         return f"{status}: {outcome.path}"
 
-    def flops(self, iteration: int, parsed: Any) -> float:
-        """What ``train()`` counts as ``num_floating_point_operations_so_far`` at ``iteration``."""
+    def started_from(self, consumed: int, flops: float) -> None:
+        """Where this process's run began: a load's counters, or a replacement's, set from its peers'."""
+        self._loaded = (consumed, flops)
+
+    def flops(self, consumed: int, parsed: Any) -> float:
+        """What ``train()`` counts as ``num_floating_point_operations_so_far`` once ``consumed`` samples are: its
+        count per sample is the same whatever the batch (``--rampup-batch-size`` changes the batch)."""
         loaded, flops = self._loaded
-        per_step = megatron("training.training").num_floating_point_operations(parsed, parsed.global_batch_size)
-        return flops + (iteration - loaded) * per_step
+        return flops + megatron("training.training").num_floating_point_operations(parsed, consumed - loaded)
 
     def _complete(self, save_dir: str) -> None:
         for outcome in complete_pending(save_dir):

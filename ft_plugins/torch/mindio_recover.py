@@ -224,8 +224,10 @@ class MindioRecovery:
             raise Refused(f"rollback to step {step}: this rank holds {self._held()} and received nothing")
         parsed.iteration, parsed.consumed_train_samples = step, consumed
         parsed.num_floating_point_operations_so_far = flops
-        if self.replacement:
-            self.batches.skip(step * per_step)
+        if self.replacement:  # its iterator was built from the first sample: its micro-batches of every step done
+            self.writer.started_from(consumed, flops)
+            self.batches.skip(consumed // (parsed.micro_batch_size
+                                           * megatron("core.parallel_state").get_data_parallel_world_size()))
         elif self.running == step + 1:
             self.batches.rewind()  # the step that failed runs again on the batches it read
         else:
@@ -278,7 +280,7 @@ class MindioRecovery:
             if frozen is None or frozen.torn:
                 return (frozen.completed + 1 if frozen else 0), None
             _, completed, rng, consumed = self.writer.snapshot(frozen)
-        return frozen.completed + 1, (completed, rng, consumed, self.writer.flops(completed, megatron_args()))
+        return frozen.completed + 1, (completed, rng, consumed, self.writer.flops(consumed, megatron_args()))
 
     def _held(self) -> str:
         return "a torn state" if self.mine is None else f"step {self.mine[0]}"

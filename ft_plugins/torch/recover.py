@@ -352,6 +352,7 @@ class MegatronRecovery:
         megatron_args.num_floating_point_operations_so_far = newest.flops - flops
         megatron("core.num_microbatches_calculator").update_num_microbatches(megatron_args.consumed_train_samples,
                                                                              consistency_check=False)
+        self.writer.started_from(megatron_args.consumed_train_samples, megatron_args.num_floating_point_operations_so_far)
         log.warning("recover: replacement of rank %s (generation %d) starts at step %d, as the survivors",
                     os.environ.get("RANK"), self.generation, step + 1 - behind)
 
@@ -390,7 +391,7 @@ class MegatronRecovery:
         if snapshot is None:
             return Standing(-1, iteration, 0, 0.0), None
         completed, consumed = snapshot[1], snapshot[3]
-        return Standing(completed, iteration, consumed, self.writer.flops(completed, megatron_args)), snapshot
+        return Standing(completed, iteration, consumed, self.writer.flops(consumed, megatron_args)), snapshot
 
     def _align(self, phase: str, rng: Any) -> None:
         """Called holding ttp's lock: its step tracker says what this rank now holds."""

@@ -35,24 +35,26 @@ class Job:
 
 
 def run_job(workdir: Path, *args: str, launcher: tuple[str, ...] = (), entry: Path = MEGATRON_EXAMPLE,
-            save: Path | None = None, timeout: int = 300, nproc: int = 2, **env: str) -> Job:
+            save: Path | None = None, timeout: int = 300, nproc: int = 2,
+            length: tuple[str, ...] = ("--train-iters", str(ITERS)), **env: str) -> Job:
     """torchrun with ``nproc`` ranks on the Megatron example, no vendor runtime on the path (MindIO absent);
-    ``save`` defaults to ``workdir/ckpt``."""
+    ``save`` defaults to ``workdir/ckpt``; ``length``: how long it trains."""
     save = save or workdir / "ckpt"
     command = [TORCHRUN, "--nproc-per-node", str(nproc), "--master-port", str(free_port()), *launcher, str(entry),
-               "--train-iters", str(ITERS), "--save", str(save), *args]
+               *length, "--save", str(save), *args]
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "FT_FAKE", "TORCHELASTIC"))}
     result = run_to_end(command, workdir, {**clean, **env}, timeout)
     return Job(result.returncode, result.stdout + result.stderr, save)
 
 
-def run_supervised(workdir: Path, launch: "Launch", *args: str, launcher: tuple[str, ...] = (), **env: str) -> Job:
+def run_supervised(workdir: Path, launch: "Launch", *args: str, launcher: tuple[str, ...] = (),
+                   length: tuple[str, ...] = ("--train-iters", str(ITERS)), **env: str) -> Job:
     """``ft-plugins run -- torchrun ...`` (the launcher that replaces a lost worker in place) on the Megatron example;
-    ``launcher``: more of torchrun's own options."""
+    ``launcher``: more of torchrun's own options; ``length``: how long it trains."""
     save = workdir / "ckpt"
     command = [sys.executable, "-m", "ft_plugins.cli", "run", "--", TORCHRUN, "--nproc-per-node", str(launch.nproc),
-               "--master-port", str(free_port()), *launcher, str(MEGATRON_EXAMPLE), *launch.args,
-               "--train-iters", str(ITERS), "--save", str(save), *args]
+               "--master-port", str(free_port()), *launcher, str(MEGATRON_EXAMPLE), *launch.args, *length,
+               "--save", str(save), *args]
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "FT_FAKE", "TORCHELASTIC"))}
     result = run_to_end(command, workdir, {**clean, **dict(launch.env), **env}, timeout=400)
     return Job(result.returncode, result.stdout + result.stderr, save)
