@@ -1,5 +1,6 @@
-"""What one lost rank costs on the real 4-rank Megatron example (CPU, gloo, DP=4): in place (``recover``)
-against ``ttp``'s dump and a whole-job restart, each as run time minus an uninterrupted run's, in one run.
+"""What one lost rank costs on the real Megatron example (CPU, gloo): in place (``recover``) against ``ttp``'s dump
+and a whole-job restart, each as run time minus an uninterrupted run's, in one run. Shapes (``--shape``): ``dp4``,
+4 ranks, DP=4, fp32; ``tp2pp2dp2``, 8 ranks, TP=2 x PP=2 x DP=2, bf16, the distributed optimizer in 2 instances.
 
 Launches of ``examples/megatron_gpt/pretrain_gpt.py`` per round, all under ``ft-plugins run --
 torchrun`` with the same arguments and a SIGKILL of rank 1 as the step after ``--fault`` completed steps
@@ -17,7 +18,7 @@ training loop's (Megatron's log of step 1 to that of the last step: every cost o
 the start-up's noise does not); and, from the in-place runs' own lines, the time from the fault to every
 rank standing at K again.
 
-    python benchmarks/bench_recover.py [--iters 40] [--fault 30] [--rounds 3]
+    python benchmarks/bench_recover.py [--shape dp4|tp2pp2dp2] [--iters 40] [--fault 30] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -38,6 +39,13 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "megatron_gpt" / "pretrain_gpt.py"
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 REPAIRED = re.compile(r"rank 0 repaired generation 1 in ([\d.]+) s")
+# ranks, the example's arguments, the environment
+SHAPES = {
+    "dp4": (4, ("--micro-batch-size", "1", "--global-batch-size", "4"), {}),
+    "tp2pp2dp2": (8, ("--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--bf16",
+                      "--micro-batch-size", "1", "--global-batch-size", "4", "--use-distributed-optimizer",
+                      "--num-distributed-optimizer-instances", "2"), {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}),
+}
 ITERATION = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+)\] iteration +(\d+)/")
 
 
@@ -47,13 +55,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _run(workdir: Path, iters: int, restarts: bool, **env: str) -> tuple[float, str]:
+def _run(workdir: Path, shape: str, iters: int, restarts: bool, **env: str) -> tuple[float, str]:
     save = workdir / "ckpt"
+    ranks, arguments, shape_env = SHAPES[shape]
     launcher = ["--standalone", "--max-restarts", "1"] if restarts else ["--master-port", str(free_port())]
-    command = [sys.executable, "-m", "ft_plugins.cli", "run", "--", TORCHRUN, "--nproc-per-node", "4", *launcher,
-               str(EXAMPLE), "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", str(iters),
+    command = [sys.executable, "-m", "ft_plugins.cli", "run", "--", TORCHRUN, "--nproc-per-node", str(ranks), *launcher,
+               str(EXAMPLE), *arguments, "--train-iters", str(iters),
                "--save", str(save), "--load", str(save), "--save-interval", str(10 * iters)]
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "TORCHELASTIC"))}
+    clean.update(shape_env)
     clean["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), clean.get("PYTHONPATH", "")]))
     if restarts:
         clean["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # each attempt its own store (see docs/verified.md)
@@ -77,6 +87,7 @@ def training_loop(output: str, iters: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="dp4")
     parser.add_argument("--iters", type=int, default=40)
     parser.add_argument("--fault", type=int, default=30, help="late enough that the spare template finished importing")
     parser.add_argument("--rounds", type=int, default=3)
@@ -92,7 +103,8 @@ def main() -> None:
         for name, env in configurations.items():
             for run, extra in (("clean", {}), ("fault", fault)):
                 with tempfile.TemporaryDirectory() as tmp:
-                    elapsed, output = _run(Path(tmp), options.iters, name == "restart", **env, **extra)
+                    elapsed, output = _run(Path(tmp), options.shape, options.iters, name == "restart",
+                                           **env, **extra)
                 loop = training_loop(output, options.iters)
                 times["whole run", run, name].append(elapsed)
                 times["training loop", run, name].append(loop)
