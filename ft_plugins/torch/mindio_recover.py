@@ -28,6 +28,7 @@ import os
 import time
 from typing import Any, Callable
 
+from ft_plugins import progress
 from ft_plugins.features.recover import Recover
 from ft_plugins.patching import Patch
 from ft_plugins.rank import global_rank, is_rank_zero
@@ -162,6 +163,7 @@ class MindioRecovery:
     # -- what they do ------------------------------------------------------------------------------
     def _stop(self) -> None:
         self.started = time.monotonic()
+        progress.report(progress.RECOVERY)  # the repair's own bound at the launcher (hangs)
         stopped = mindio.stop_device()
         self.regroup.interrupt()
         log.warning("recover: MindIO stop on rank %s (pid %d): %s, its group connections shut down", global_rank(),
@@ -246,6 +248,7 @@ class MindioRecovery:
                         "continues at step %d", global_rank(), time.monotonic() - self.started, step, step + 1)
         self.replacement = self.regroup.fake = False
         self.mine = self.received = None
+        progress.report(progress.STEP)
 
     # -- helpers -----------------------------------------------------------------------------------
     def _enter(self, stage: str) -> None:

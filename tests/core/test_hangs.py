@@ -150,6 +150,20 @@ def test_a_worker_reports_into_a_mapped_file_and_writes_its_stacks_when_asked(tm
     assert progress.read(str(tmp_path), 4) is None
 
 
+def test_the_wait_for_a_batch_is_reported_as_data_loading(tmp_path: Path) -> None:
+    code = ("import sys\n"
+            "from ft_plugins import progress\n"
+            "progress.start(0, {'FT_PLUGINS_PROGRESS': sys.argv[1]})\n"
+            "from ft_plugins.torch.hangs import _DataReported\n"
+            "class Batches:\n"
+            "    def __next__(self):\n"
+            "        return progress.read(sys.argv[1], 0).section_name\n"
+            "print(next(_DataReported(Batches())), progress.read(sys.argv[1], 0).section_name)\n")
+    result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "FT_PLUGINS": "none"})
+    assert result.stdout.split() == ["data", "step"], result.stderr
+
+
 def test_options_are_declared_and_a_bad_value_names_the_variable() -> None:
     cfg = load(declared_options(), env={"FT_PLUGINS": "hangs", "FT_PLUGINS_HANGS_FLOOR": "2.5",
                                         "FT_PLUGINS_PROGRESS": "/tmp/x"})
