@@ -60,7 +60,7 @@ class RandomTokens(torch.utils.data.Dataset):
         return {"tokens": torch.randint(0, self.vocab, (self.seq_length + 1,), generator=generator)}
 
 
-def datasets_provider(num_samples):
+def datasets_provider(num_samples, vp_stage=None):  # one iterator per model chunk with virtual pipeline stages
     args = get_args()
     return RandomTokens(max(num_samples[0], 1), args.seq_length, args.vocab_size), None, None
 
@@ -77,6 +77,7 @@ def model_provider(pre_process=True, post_process=True, vp_stage=None, config=No
         max_sequence_length=args.max_position_embeddings,
         pre_process=pre_process,
         post_process=post_process,
+        vp_stage=vp_stage,  # the model chunk, with virtual pipeline stages
     )
 
 

@@ -34,10 +34,8 @@ def unreplicated(megatron_args: Any) -> str:
     return ""
 
 
-def unsupported(iterator: Any, megatron_args: Any) -> str:
+def unsupported(megatron_args: Any) -> str:
     """Why a lost rank cannot be replaced in this run (empty when it can)."""
-    if isinstance(iterator, list):
-        return "virtual pipeline stages are not handled yet (ttp's dump still is)"
     if (form := getattr(megatron_args, "ckpt_format", "torch")) not in RESUMES_TORCH_FORMAT:
         return (f"--ckpt-format {form}: the hand-over moves the state of Megatron's DDP and optimizers as the "
                 f"{' and '.join(RESUMES_TORCH_FORMAT)} formats save it")
@@ -180,3 +178,37 @@ class Batches:
             return
         for _ in range(count):
             next(self.source)
+
+
+class Chunks:
+    """Virtual pipeline stages: one data iterator per model chunk, each kept and read again like one
+    :class:`Batches` (a chunk whose forward reads no data only has its unread batches skipped)."""
+
+    def __init__(self, members: list[Batches]) -> None:
+        self.members = members
+
+    def begin_step(self) -> None:
+        for member in self.members:
+            member.begin_step()
+
+    def rewind(self) -> None:
+        for member in self.members:
+            member.rewind()
+
+    def finish(self, per_step: int) -> None:
+        for member in self.members:
+            member.finish(per_step)
+
+
+def kept(iterator: Any) -> tuple[Batches | Chunks, Any]:
+    """``train``'s data iterator read through :class:`Batches` (one per model chunk with virtual pipeline
+    stages), and what ``train`` is to be given instead: megatron's ``RerunDataIterator`` is kept, reading
+    through ours."""
+    if isinstance(iterator, list):
+        members = [kept(member) for member in iterator]
+        return Chunks([batches for batches, _ in members]), [given for _, given in members]
+    if hasattr(iterator, "iterable"):
+        iterator.iterable = Batches(iterator.iterable)
+        return iterator.iterable, iterator
+    batches = Batches(iterator)
+    return batches, batches

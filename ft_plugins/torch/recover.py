@@ -12,7 +12,8 @@ the step's batches read again, RNG as at K) and training continues at K + 1.
 
 A replacement starts with ``--load`` ignored and its collectives held (the fake backend); once its model and
 optimizer are set up it learns K and the counters at K from the survivors' standings, as a load would set them
-(so Megatron builds its data iterators at K + 1's first sample), and at its first step joins the repair. No checkpoint is written or read.
+(so Megatron builds its data iterators at K + 1's first sample), and at its first step joins the repair. No
+checkpoint is written or read.
 
 Every rank resumes at the one point of Megatron's loop where the survivors stand
 (:func:`ft_plugins.recovery.resumption`): step K + 1 from its start; the logging of K (a survivor caught
@@ -47,8 +48,8 @@ from ft_plugins.recovery import (LOG, REFUSED, SAVE as SAVING, STEP, Standing, k
                                  resume_collection, resumption, supervised, worker_namespace)
 from ft_plugins.steps import FORWARD, IDLE, UPDATED
 from ft_plugins.torch import loop
-from ft_plugins.torch.handover import (Batches, apply, instance_place, receive, send, set_rng, state_at,
-                                       unsupported, without_load)
+from ft_plugins.torch.handover import (Batches, Chunks, apply, instance_place, kept, receive, send, set_rng,
+                                       state_at, unsupported, without_load)
 from ft_plugins.torch.regroup import Regroup, megatron_roots, require_successors
 from ft_plugins.torch.state import current_iteration, megatron
 from ft_plugins.torch.ttp import MegatronTtp
@@ -96,7 +97,7 @@ class MegatronRecovery:
         self.regroup.fake = place is not None  # a replacement holds its collectives until it joined
         self.store: Any = None
         self.objects: tuple[Any, Any, Any] | None = None  # model, optimizer, scheduler
-        self.batches: Batches | None = None
+        self.batches: Batches | Chunks | None = None
         self.loop: tuple[Any, Any] = (None, None)  # train()'s checkpointing context and data iterator
         self.refusal = ""
         self.result_size = 8  # train_step's tuple in megatron-core 0.17
@@ -130,7 +131,7 @@ class MegatronRecovery:
         names = ("forward_step_func", "model", "optimizer", "opt_param_scheduler", "train_data_iterator",
                  "valid_data_iterator", "process_non_loss_data_func", "config", "checkpointing_context")
         given = {**dict(zip(names, args)), **kwargs}
-        self.refusal = unsupported(given["train_data_iterator"], megatron("training.global_vars").get_args())
+        self.refusal = unsupported(megatron("training.global_vars").get_args())
         if self.refusal:
             if not self.joined:
                 log.error("recover: replacement of rank %s cannot join: %s", os.environ.get("RANK"), self.refusal)
@@ -141,11 +142,9 @@ class MegatronRecovery:
         self.objects = (given["model"], given["optimizer"], given["opt_param_scheduler"])
         iterator = given["train_data_iterator"]
         self.loop = (given.get("checkpointing_context"), iterator)
-        if hasattr(iterator, "iterable"):  # megatron's RerunDataIterator: keep it, read through ours
-            self.batches = iterator.iterable = Batches(iterator.iterable)
-        else:
-            self.batches = Batches(iterator)
-            args, kwargs = loop.replaced(args, kwargs, 4, "train_data_iterator", self.batches)
+        self.batches, given_iterator = kept(iterator)
+        if given_iterator is not iterator:
+            args, kwargs = loop.replaced(args, kwargs, 4, "train_data_iterator", given_iterator)
         result = wrapped(*args, **kwargs)
         if not self.joined:  # no step was left to run: the survivors stand in the loop's save of the last one
             self._join(megatron("training.global_vars").get_args().iteration)
@@ -352,7 +351,8 @@ class MegatronRecovery:
         megatron_args.num_floating_point_operations_so_far = newest.flops - flops
         megatron("core.num_microbatches_calculator").update_num_microbatches(megatron_args.consumed_train_samples,
                                                                              consistency_check=False)
-        self.writer.started_from(megatron_args.consumed_train_samples, megatron_args.num_floating_point_operations_so_far)
+        self.writer.started_from(megatron_args.consumed_train_samples,
+                                 megatron_args.num_floating_point_operations_so_far)
         log.warning("recover: replacement of rank %s (generation %d) starts at step %d, as the survivors",
                     os.environ.get("RANK"), self.generation, step + 1 - behind)
 

@@ -1,7 +1,8 @@
 """In-place recovery with pipeline parallelism, in the shape of a production job: 8 ranks, TP=2 x PP=2 x DP=2,
-bf16, Megatron's distributed optimizer in 2 instances (one per data-parallel replica), micro-batches of 1 so that
-two are in flight in each step; real ``ft-plugins run -- torchrun`` ``pretrain()`` on CPU/gloo against the
-uninterrupted run.
+two virtual pipeline stages per rank (4 layers, one per model chunk: Megatron's interleaved schedule, one data
+iterator per chunk), bf16, Megatron's distributed optimizer in 2 instances (one per data-parallel replica),
+micro-batches of 1 so that two are in flight in each step; real ``ft-plugins run -- torchrun`` ``pretrain()`` on
+CPU/gloo against the uninterrupted run.
 
 One run, a rank lost in each stage: rank 3 (stage 0, tensor shard 1, replica 1) in the forward of step 2, and
 rank 4 (stage 1, tensor shard 0, replica 0, a writer of the final save) inside its optimizer update in step 4,
@@ -26,6 +27,7 @@ from support import assert_bit_identical
 from ttp_runs import ITERS, Job, Launch, run_supervised, same_as_reference
 
 PIPELINE = Launch(8, ("--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--bf16",
+                      "--num-layers", "4", "--num-layers-per-virtual-pipeline-stage", "1",
                       "--micro-batch-size", "1", "--global-batch-size", "4",
                       "--use-distributed-optimizer", "--num-distributed-optimizer-instances", "2"),
                   (("CUDA_DEVICE_MAX_CONNECTIONS", "1"),))

@@ -183,23 +183,44 @@ def test_negative_control_without_ft_plugins_the_same_fault_ends_the_job(tmp_pat
     assert job.lines("closing signal SIGTERM"), "torchrun stopped every worker"
 
 
-@pytest.mark.parametrize("layout, iterator, refusal", [
-    ({}, iter(()), ""),
-    ({"use_distributed_optimizer": True, "num_distributed_optimizer_instances": 2}, iter(()), ""),
-    ({"use_distributed_optimizer": True}, iter(()),
+@pytest.mark.parametrize("layout, refusal", [
+    ({}, ""),
+    ({"use_distributed_optimizer": True, "num_distributed_optimizer_instances": 2}, ""),
+    ({"use_distributed_optimizer": True},
      "megatron's distributed optimizer in one instance: a lost rank's optimizer shard has no other holder "
      "(FT_PLUGINS_TTP_REPLICAS=2, or --num-distributed-optimizer-instances 2)"),
-    ({"pipeline_model_parallel_size": 2}, iter(()), ""),
-    ({}, [iter(()), iter(())], "virtual pipeline stages are not handled yet (ttp's dump still is)"),
-    ({"ckpt_format": "torch_dist"}, iter(()), ""),
-    ({"ckpt_format": "fsdp_dtensor"}, iter(()),
+    ({"pipeline_model_parallel_size": 2}, ""),
+    ({"virtual_pipeline_model_parallel_size": 2}, ""),
+    ({"ckpt_format": "torch_dist"}, ""),
+    ({"ckpt_format": "fsdp_dtensor"},
      "--ckpt-format fsdp_dtensor: the hand-over moves the state of Megatron's DDP and optimizers as the torch and "
      "torch_dist formats save it"),
 ], ids=["data-parallel", "distributed-optimizer-two-instances", "distributed-optimizer-one-instance",
-        "pipeline", "virtual-pipeline-iterators", "torch-dist", "fsdp-dtensor"])
-def test_what_recover_cannot_replace_is_said_at_the_start(layout: dict, iterator: object, refusal: str) -> None:
+        "pipeline", "virtual-pipeline", "torch-dist", "fsdp-dtensor"])
+def test_what_recover_cannot_replace_is_said_at_the_start(layout: dict, refusal: str) -> None:
     from ft_plugins.torch.handover import unsupported
 
     megatron_args = SimpleNamespace(**{"pipeline_model_parallel_size": 1, "use_distributed_optimizer": False,
                                        "num_distributed_optimizer_instances": 1, **layout})
-    assert unsupported(iterator, megatron_args) == refusal
+    assert unsupported(megatron_args) == refusal
+
+
+def test_virtual_pipeline_stages_keep_each_chunks_batches_and_read_them_again_together() -> None:
+    """One data iterator per model chunk (megatron's RerunDataIterator keeps its place, reading through ours):
+    a step run again reads each chunk's batches again; a step done by a peer skips each chunk's unread ones."""
+    from types import SimpleNamespace
+
+    from ft_plugins.torch.handover import Chunks, kept
+
+    rerun = SimpleNamespace(iterable=iter(range(100, 110)))
+    batches, given = kept([iter(range(10)), rerun])
+    assert isinstance(batches, Chunks) and given[1] is rerun and given[1].iterable is batches.members[1]
+    plain = given[0]
+    batches.begin_step()
+    assert [next(plain), next(plain), next(rerun.iterable)] == [0, 1, 100]
+    batches.rewind()
+    assert [next(plain), next(plain), next(rerun.iterable), next(rerun.iterable)] == [0, 1, 100, 101]
+    batches.begin_step()
+    next(plain)
+    batches.finish(3)  # each chunk read past the rest of the step's 3 batches
+    assert [next(plain), next(rerun.iterable)] == [5, 105]
