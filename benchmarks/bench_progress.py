@@ -28,6 +28,7 @@ def main() -> None:
     options = parser.parse_args()
 
     training = _install_stand_ins()
+    training.train = lambda *args, **kwargs: None  # hangs wraps the loop too (the end of training)
     os.environ.update(FT_PLUGINS_LOG="error", RANK="0", FT_PLUGINS_PROGRESS=tempfile.mkdtemp(prefix="bench-progress-"))
     import ft_plugins.torch as ft_torch
 
@@ -38,6 +39,7 @@ def main() -> None:
             training.train_step = _make_step(work)
             if name == "reported":
                 ft_torch.enable("hangs")
+                assert hasattr(training.train_step, "__wrapped__"), "hangs did not wrap the step"
             variants[(name, work)] = training.train_step
     ft_torch.disable()
 
