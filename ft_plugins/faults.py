@@ -105,8 +105,9 @@ def planned(rank: int, env: Mapping[str, str] | None = None) -> tuple[Fault, ...
 
 def fire(fault: Fault, block: Callable[[], object] | None = None) -> None:
     """Make the fault happen in this process, now: SIGKILL, SIGTERM, an exception, ``sys.exit(3)`` (a script's
-    own error path: no traceback), a pause of ``seconds`` (``slow``: long, but not a hang), or a hang: ``block`` (the framework's wait that never ends, e.g. a collective
-    no peer enters), else a sleep for good; ``stuck`` ignores SIGTERM first (from the main thread)."""
+    own error path: no traceback), a pause of ``seconds`` (``slow``: long, but not a hang), or a hang: ``block``
+    (the framework's wait that never ends, e.g. a collective no peer enters), else a sleep for good; ``stuck``
+    ignores SIGTERM first (from the main thread)."""
     if fault.kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     elif fault.kind == "term":

@@ -3,10 +3,10 @@
 Every worker reports where it stands (:mod:`ft_plugins.progress`); ``ft-plugins run``'s torchrun watches the
 reports (:mod:`ft_plugins.launch.watchdog`). A rank is hung when it has not moved within its section's bound:
 ``max(floor, factor x the slowest step seen)`` for a step, the ``warmup`` bound for set-up, the first
-``warmup_steps`` steps of a process and what follows the training loop, and ``save``, ``eval`` and ``recovery`` (dump, in-place repair) bounds of
-their own. The hung rank's stacks go to the log, then it is ended (SIGTERM, SIGKILL after ``grace``) and the
-job goes the way a death goes: ``recover`` in place, else ``ttp``'s dump and torchrun's restart. It ends
-processes, so ``FT_PLUGINS=auto`` never turns it on: only its name or ``all`` does.
+``warmup_steps`` steps of a process and what follows the training loop, and ``save``, ``eval`` and ``recovery``
+(dump, in-place repair) bounds of their own. The hung rank's stacks go to the log, then it is ended (SIGTERM,
+SIGKILL after ``grace``) and the job goes the way a death goes: ``recover`` in place, else ``ttp``'s dump and
+torchrun's restart. It ends processes, so ``FT_PLUGINS=auto`` never turns it on: only its name or ``all`` does.
 """
 
 from __future__ import annotations
@@ -58,8 +58,9 @@ class Bounds:
     def describe(self) -> str:
         s = self.settings
         return (f"a step max({s['floor']:g} s, {s['factor']:g} x the slowest step), set-up, the first "
-                f"{s['warmup_steps']} steps and the end {s['warmup']:g} s, save {s['save']:g} s, eval {s['eval']:g} s, dump or "
-                f"recovery {s['recovery']:g} s; then stacks, SIGTERM, SIGKILL after {s['grace']:g} s")
+                f"{s['warmup_steps']} steps and the end {s['warmup']:g} s, save {s['save']:g} s, "
+                f"eval {s['eval']:g} s, dump or recovery {s['recovery']:g} s; then stacks, SIGTERM, "
+                f"SIGKILL after {s['grace']:g} s")
 
 
 class Hangs(Feature):

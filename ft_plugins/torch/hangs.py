@@ -1,10 +1,10 @@
 """Megatron glue for ``hangs``: each worker tells its launcher where it stands (:mod:`ft_plugins.progress`).
 
 ``train_step`` is a step (its iteration, then "between steps" once it returned; the wait for each batch from
-its data iterator is data loading), ``save_checkpoint`` a save,
-``evaluate`` an evaluation, and what follows ``train`` (final evaluation and save, exit) the end, each with its own bound at the launcher. ``ttp``'s dump and ``recover``'s repair
-report their own sections from the core. Where no launcher watches (no ``ft-plugins run -- torchrun``), rank 0
-says so once and nothing is reported.
+its data iterator is data loading), ``save_checkpoint`` a save, ``evaluate`` an evaluation, and what follows
+``train`` (final evaluation and save, exit) the end, each with its own bound at the launcher. ``ttp``'s dump
+and ``recover``'s repair report their own sections from the core. Where no launcher watches (no
+``ft-plugins run -- torchrun``), rank 0 says so once and nothing is reported.
 """
 
 from __future__ import annotations
