@@ -3,7 +3,8 @@
 ``FT_PLUGINS`` selects features: ``auto`` (default: every feature whose runtime is present),
 ``all``, ``none`` or a comma list of feature names. ``FT_PLUGINS_<FEATURE>_<OPTION>`` sets one
 option of one feature; ``FT_PLUGINS_STRICT=1`` turns "feature unavailable" warnings into errors;
-``FT_PLUGINS_LOG`` sets the log level of ft_plugins' own messages.
+``FT_PLUGINS_LOG`` sets the log level of ft_plugins' own messages; ``FT_PLUGINS_EVENTS_DIR`` where the
+job's events go (``off``: nowhere), for ``ft-plugins report``.
 Every malformed value raises :class:`ConfigError` naming the variable and what it accepts.
 """
 
@@ -19,6 +20,8 @@ LOG_VAR = "FT_PLUGINS_LOG"
 INJECT_VAR = "FT_PLUGINS_INJECT_FAULT"  # fire drills: parsed by ft_plugins.faults
 RECOVERY_VAR = "FT_PLUGINS_RECOVERY"  # set by recover's launcher side for its workers: ft_plugins.recovery
 PROGRESS_VAR = "FT_PLUGINS_PROGRESS"  # set by the launcher that watches for hangs: ft_plugins.progress
+EVENTS_VAR = "FT_PLUGINS_EVENTS_DIR"  # where every process writes its events: ft_plugins.events
+EVENTS_JOB_VAR = "FT_PLUGINS_EVENTS_JOB"  # the job's name in them, set by ft-plugins run for its workers
 RESTART_VAR = "TORCHELASTIC_RESTART_COUNT"  # torchrun's restart attempt a worker belongs to (0: the first)
 LOG_LEVELS = ("debug", "info", "warning", "error")
 PREFIX = "FT_PLUGINS_"
@@ -162,12 +165,14 @@ def load(
         name: {option.name: option.default for option in options} for name, options in features.items()
     }
     for var, raw in env.items():
-        if not var.startswith(PREFIX) or var in (STRICT_VAR, LOG_VAR, INJECT_VAR, RECOVERY_VAR, PROGRESS_VAR):
+        if not var.startswith(PREFIX) or var in (STRICT_VAR, LOG_VAR, INJECT_VAR, RECOVERY_VAR, PROGRESS_VAR,
+                                                 EVENTS_VAR, EVENTS_JOB_VAR):
             continue
         if var not in by_var:
             accepted = ", ".join(sorted(by_var)) or "none"
             raise ConfigError(
-                f"{var} is not a known ft_plugins variable; accepted: {STRICT_VAR}, {LOG_VAR}, {INJECT_VAR}, {accepted}"
+                f"{var} is not a known ft_plugins variable; accepted: {STRICT_VAR}, {LOG_VAR}, {INJECT_VAR}, "
+                f"{EVENTS_VAR}, {accepted}"
             )
         name, option = by_var[var]
         values[name][option.name] = option.convert(raw, var)

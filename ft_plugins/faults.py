@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+from ft_plugins import events
 from ft_plugins.config import INJECT_VAR, RESTART_VAR, ConfigError
 from ft_plugins.rank import global_rank
 from ft_plugins.recovery import replacement
@@ -35,6 +36,9 @@ KEYS = ("rank", "step", "kind", "at", "attempt", "life", "seconds")
 SLOW = 10  # seconds a ``slow`` fault lasts unless ``seconds=`` says
 POINTS = ("forward", "update", "save", "join", "data", "collective")
 EXAMPLE = "rank=1,step=3,kind=kill,at=forward"
+# what each kind is in the job's events (``slow`` is no fault)
+FAULT_KINDS = {"kill": "death", "term": "signal", "exception": "exception", "exit": "exception", "hang": "hang",
+               "stuck": "hang"}
 
 
 class InjectedFault(RuntimeError):
@@ -144,6 +148,8 @@ class Drill:
             if fault.at == point and (step is None or fault.step == step):
                 self._faults().remove(fault)
                 log.warning("firing injected fault %s", fault)
+                events.emit("fault", rank=fault.rank, kind=FAULT_KINDS.get(fault.kind), completed=fault.step,
+                            section=point, noticed="injected")
                 fire(fault, block)
 
     def _faults(self) -> list[Fault]:

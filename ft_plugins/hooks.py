@@ -11,6 +11,7 @@ import logging
 import os
 from typing import Any, Callable
 
+from ft_plugins import events
 from ft_plugins.config import ConfigError
 from ft_plugins.features.hangs import Hangs
 from ft_plugins.features.mstx import Mstx
@@ -96,6 +97,7 @@ def prepare_launcher(launcher: str) -> bool:
     restarts only a failed worker (torchrun), ``hangs``' watchdog (torchrun), and the feature list its
     workers compare theirs with. Never raises."""
     framework = "ms" if launcher == "msrun" else "pt"
+    events.start("launcher")
     runtime = current(framework)
     if runtime is None:
         try:

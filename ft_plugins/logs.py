@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 
+from ft_plugins import events
 from ft_plugins.rank import env_rank
 
 
@@ -37,6 +38,7 @@ def setup(level: str) -> None:
 def exit_now(code: int) -> None:
     """Leave now: flush what was logged and written, then ``os._exit`` (no interpreter teardown: after a
     dying-gasp dump the main thread may sit in a collective that never returns)."""
+    events.end(code)
     for handler in logging.getLogger().handlers + logging.getLogger("ft_plugins").handlers:
         try:
             handler.flush()

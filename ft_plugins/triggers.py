@@ -18,7 +18,7 @@ import threading
 import traceback
 from typing import Any, Callable
 
-from ft_plugins import progress
+from ft_plugins import events, progress
 from ft_plugins.logs import exit_now
 from ft_plugins.steps import AlreadyFrozen, Frozen, StepTracker
 
@@ -47,6 +47,8 @@ class DyingGasp:
         except AlreadyFrozen:
             return
         progress.report(progress.DUMP)
+        events.emit("gasp", reason=reason, kind="exception" if error else "signal",
+                    completed=frozen.completed if frozen else None)
         if error is not None:
             log.error("ttp: %s", "".join(traceback.format_exception(type(error), error, error.__traceback__)))
         self.save(reason, frozen)

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 from ft_plugins import faults
 from ft_plugins.cli import build_parser
-from ft_plugins.config import INJECT_VAR, LOG_LEVELS, LOG_VAR, PREFIX, SELECT_VAR, STRICT_VAR
+from ft_plugins.config import EVENTS_VAR, INJECT_VAR, LOG_LEVELS, LOG_VAR, PREFIX, SELECT_VAR, STRICT_VAR
 from ft_plugins.features import FEATURES
 from ft_plugins.vendors import versions
 
@@ -52,6 +52,8 @@ def options_markdown() -> str:
         (STRICT_VAR, "`1`: a requested feature that cannot start stops the job before training", "`0`"),
         (LOG_VAR, ", ".join(f"`{level}`" for level in LOG_LEVELS), "`info`"),
         (INJECT_VAR, fire, "unset"),
+        (EVENTS_VAR, "the folder every process writes the job's events to, for `ft-plugins report`; `off`: none",
+         "`<--save>/ft_events`, else none"),
     ]
     lines = ["## Variables", "", "| variable | values | default |", "| --- | --- | --- |"]
     lines += [f"| `{name}` | {_cell(values)} | {default} |" for name, values, default in general]

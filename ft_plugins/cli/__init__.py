@@ -13,7 +13,7 @@ from typing import Sequence
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_NOTHING = 0, 1, 2, 3
 
-COMMANDS = ("features", "ckpt", "patch", "run", "manager", "doctor", "env", "k8s")
+COMMANDS = ("features", "ckpt", "patch", "run", "report", "manager", "doctor", "env", "k8s")
 
 
 class _Version(argparse.Action):

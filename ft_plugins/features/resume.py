@@ -17,6 +17,7 @@ import os
 import time
 from typing import TYPE_CHECKING
 
+from ft_plugins import events
 from ft_plugins.checkpoint.errors import CheckpointError, NoIntactCheckpoint
 from ft_plugins.config import Option, parse_bool
 from ft_plugins.features.base import Feature
@@ -56,6 +57,7 @@ class Resume(Feature):
         selection = find_latest(directory, format, rank=rank, deep=self.settings["deep"])
         checked = f"checked in {time.monotonic() - started:.1f} s"  # said in the job's log: what a restart pays
         self.loaded = selection
+        events.emit("resume", chosen=selection.path, skipped=[[s.path, s.reason] for s in selection.skipped])
         level = logging.WARNING if is_rank_zero() else logging.DEBUG  # every rank sees the same: rank 0 says it
         for skipped in selection.skipped:
             log.log(level, "resume: skipped %s: %s", skipped.path, skipped.reason)

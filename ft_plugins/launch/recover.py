@@ -33,6 +33,7 @@ import time
 from datetime import timedelta
 from typing import Any, Callable, Sequence
 
+from ft_plugins import events
 from ft_plugins.config import RECOVERY_VAR
 from ft_plugins.launch.environment import launcher_options, torchrun_option
 from ft_plugins.launch.process import adopt_orphans, reap_adopted
@@ -206,6 +207,7 @@ class Supervisor:
         attempt = spec.max_restarts - agent._remaining_restarts
         if attempt != self.attempt:
             self._begin_attempt(attempt)
+            events.emit("restart", attempt=attempt)
             log.warning("recover: torchrun restarted the whole job (attempt %d of %d): lost ranks are replaced in "
                         "place again", attempt + 1, spec.max_restarts + 1)
 
@@ -242,6 +244,7 @@ class Supervisor:
 
     def _failed(self, worker_group: Any, context: Any, local_rank: int, code: int) -> None:
         rank = worker_group.workers[local_rank].global_rank
+        events.emit("fault", rank=rank, kind=events.exit_kind(code), code=code, noticed="launcher")
         why = self._why_not(worker_group)
         if why:
             self.refusal = why
@@ -263,6 +266,7 @@ class Supervisor:
         handler = handler or self._start(context, local_rank, env)
         context.subprocess_handlers[local_rank] = handler
         self.store.set(key(self.generation, "lost"), str(rank))
+        events.emit("replacement", rank=rank, generation=self.generation, pid=handler.proc.pid, spare=how[0] == "w")
         log.warning("recover: rank %d exited with code %d; " + how + " as generation %d, the other workers keep "
                     "running", rank, code, handler.proc.pid, self.generation)
 

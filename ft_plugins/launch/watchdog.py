@@ -21,7 +21,7 @@ import tempfile
 import time
 from typing import Any, Callable, Mapping
 
-from ft_plugins import progress
+from ft_plugins import events, progress
 from ft_plugins.config import PROGRESS_VAR
 from ft_plugins.features.hangs import Bounds
 from ft_plugins.launch.stalls import ALL, HANG, Verdict, Watch, judge, main_frames, overdue, stuck, waits_on_peers
@@ -137,6 +137,8 @@ class Watchdog:
         """Log each culprit with its stacks, SIGTERM, SIGKILL after the grace; the others start their bound anew."""
         for rank in verdict.culprits:
             watch = self.watches[rank]
+            events.emit("fault", rank=rank, kind="hang", quiet=watch.quiet(now), section=watch.where(),
+                        noticed="watchdog")
             log.error("hangs: rank %d (pid %d) made no progress for %.1f s in %s (bound %.1f s); it is ended "
                       "(SIGTERM, SIGKILL after %g s). Its stacks:\n%s", rank, watch.pid, watch.quiet(now),
                       watch.where(), watch.bound(self.bounds), self.grace, stacks.get(rank, "").rstrip()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from ft_plugins import events
 from ft_plugins.config import STRICT_VAR, ConfigError, parse_bool
 from ft_plugins.patching import rebinding_once
 from ft_plugins.runtime import Runtime, activate, configuration_error
@@ -37,6 +38,7 @@ def enable(
     with rebinding_once():
         disable()
         runtime = activate(FRAMEWORK, features=features, options=options)
+        events.start("worker")
         _runtime = runtime
         _integrations[:] = [MegatronIntegration(runtime), HFIntegration(runtime)]
         for integration in _integrations:

@@ -6,7 +6,8 @@ patch set per feature: ``initialize_megatron`` (taskd: the worker once distribut
 ranges), ``load_checkpoint`` / ``save_checkpoint`` (resume: :mod:`.resume`), ``validate_args``
 (ttp's replicas: :mod:`.replicas`), the step, the optimizer's update, saves and loads (ttp's
 engines: :mod:`.ttp`; fault drills: :mod:`.drill`), the step, saves and evaluations (hangs' progress
-reports: :mod:`.hangs`). MindSpeed-LLM imports these by name from
+reports: :mod:`.hangs`), the step, saves and training's start and end (the job's events: :mod:`.recording`).
+MindSpeed-LLM imports these by name from
 megatron; the patcher rebinds those copies too.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 import os
 from typing import Any, Callable
 
+from ft_plugins import events
 from ft_plugins.config import INJECT_VAR
 from ft_plugins.features.hangs import Hangs
 from ft_plugins.features.mstx import DATALOADER, SAVE_CHECKPOINT, Mstx
@@ -78,6 +80,10 @@ class MegatronIntegration:
             from ft_plugins.torch.hangs import MegatronProgress
 
             self._add("hangs", *MegatronProgress().patches())
+        if events.recording():  # the outermost: a step repaired in place stays one step
+            from ft_plugins.torch.recording import MegatronEvents
+
+            self._add("events", *MegatronEvents().patches())
 
     def _recover(self, ttp: Any) -> None:
         """``recover`` on ttp's engine: the built-in one's protocol, or MindIO's handlers (its step tracker, its

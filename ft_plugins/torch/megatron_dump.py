@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ft_plugins import events
 from ft_plugins.checkpoint.dump import Part, commit_dump, complete_pending, write_part
 from ft_plugins.checkpoint.naming import tracker_iteration
 from ft_plugins.faults import RESTART_VAR
@@ -176,6 +177,8 @@ class MegatronDump:
         status = self.commit(save_dir, iteration) if commit else "committed on MindIO's rename"
         log.warning("ttp: %s: rank %d dumped %s of iteration %d in %.0f ms; %s", reason, rank, shard,
                     iteration, (written - started) * 1000, status)
+        events.emit("dump", step=iteration, seconds=round(written - started, 4), shard=shard,
+                    committed=status.startswith("committed"))
 
     def commit(self, save_dir: str, iteration: int) -> str:
         outcome = commit_dump(save_dir, iteration)

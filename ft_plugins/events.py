@@ -1,0 +1,161 @@
+"""What happened in a job, when, written by every process for ``ft-plugins report``: one JSON object a line.
+
+Each process appends to a file of its own (``<host>-<pid>-<role>.jsonl``; a process forked or turned into
+another rank gets a new one), so no two writers share a file, in ``FT_PLUGINS_EVENTS_DIR`` or, by default,
+``<save>/ft_events`` (Megatron's ``--save`` on the command line); with neither, nothing is written. The first
+line names the job (torchrun's ``--rdzv-id``, else the ``ft-plugins run`` launcher's pid), the role, the
+rank, the restart attempt and the replacement's life, so two jobs in one folder are told apart.
+
+A rare event (a fault, a save, a recovery phase) is written at once: the process may be killed the next
+moment. Steps are kept in memory and written every :data:`FLUSH_EVERY` seconds, at exit and before
+:func:`ft_plugins.logs.exit_now`: a step costs a clock read and a list append. Never raises into training.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+import sys
+import time
+from typing import Any, Mapping, Sequence
+
+from ft_plugins.config import EVENTS_JOB_VAR, EVENTS_VAR, RECOVERY_VAR, RESTART_VAR
+from ft_plugins.rank import env_rank
+
+FOLDER = "ft_events"
+FLUSH_EVERY = 5.0  # seconds between writes of the steps kept in memory
+OFF = ("off", "none")  # FT_PLUGINS_EVENTS_DIR values that turn the events off
+
+
+def directory(env: Mapping[str, str], argv: Sequence[str]) -> str | None:
+    """Where this job's events go: ``FT_PLUGINS_EVENTS_DIR``, else ``<--save>/ft_events``; None: nowhere."""
+    chosen = env.get(EVENTS_VAR, "").strip()
+    if chosen:
+        return None if chosen.lower() in OFF else chosen
+    save = option(argv, "--save")
+    return os.path.join(save, FOLDER) if save else None
+
+
+def option(argv: Sequence[str], name: str) -> str | None:
+    """The value of ``name`` (``--name V`` or ``--name=V``) on a command line, the last one given."""
+    found = None
+    for index, arg in enumerate(argv):
+        if arg == name and index + 1 < len(argv):
+            found = argv[index + 1]
+        elif arg.startswith(name + "="):
+            found = arg[len(name) + 1:]
+    return found
+
+
+def job_id(argv: Sequence[str]) -> str:
+    """The job's name on every node, for the launcher to give its workers (``FT_PLUGINS_EVENTS_JOB``): torchrun's
+    ``--rdzv-id`` when given, else this (launching) process's id. Without it a worker takes torchrun's run id, else
+    its parent's id."""
+    rdzv = option(argv, "--rdzv-id") or option(argv, "--rdzv_id")
+    return rdzv if rdzv and rdzv != "none" else f"pid{os.getpid()}"
+
+
+def exit_kind(code: int) -> str:
+    """What a worker's exit code says happened to it: ``signal`` (ended by SIGTERM / SIGINT / SIGHUP, or the
+    dying gasp's exit after one), ``exception`` (the dying gasp's exit after its own error), else ``death``."""
+    return "signal" if code in (-1, -2, -15, 129, 130, 143) else "exception" if code == 1 else "death"
+
+
+class Recorder:
+    """One process's events file."""
+
+    def __init__(self, folder: str, role: str, env: Mapping[str, str]) -> None:
+        os.makedirs(folder, exist_ok=True)
+        self.pid, self.rank = os.getpid(), None if role == "launcher" else env_rank(env)
+        self.path = os.path.join(folder, f"{socket.gethostname()}-{self.pid}-{role}.jsonl")
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.steps: list[str] = []
+        self.flushed = time.time()
+        generation, _, life = env.get(RECOVERY_VAR, "").partition(",")
+        run_id = env.get("TORCHELASTIC_RUN_ID", "none")
+        job = env.get(EVENTS_JOB_VAR) or (run_id if run_id != "none" else f"pid{os.getppid()}")
+        os.environ.setdefault(EVENTS_JOB_VAR, job)  # what this process forks or starts belongs to the same job
+        self.emit("start", {"job": job,
+                            "role": role, "rank": self.rank, "pid": self.pid, "host": socket.gethostname(),
+                            "attempt": int(env.get(RESTART_VAR, "0") or 0), "generation": int(generation or 0),
+                            "life": int(life or 0)})
+
+    def emit(self, kind: str, fields: dict[str, Any]) -> None:
+        os.write(self.fd, (json.dumps({"t": round(time.time(), 4), "ev": kind, **fields}) + "\n").encode())
+
+    def step(self, step: int, started: float) -> None:
+        now = time.time()
+        self.steps.append(f'{{"t": {started:.4f}, "ev": "step", "step": {step}, "end": {now:.4f}}}\n')
+        if now - self.flushed > FLUSH_EVERY:
+            self.flush()
+
+    def flush(self) -> None:
+        lines, self.steps = self.steps, []
+        self.flushed = time.time()
+        if lines:
+            os.write(self.fd, "".join(lines).encode())
+
+
+_recorder: Recorder | None = None
+_role = "worker"
+
+
+def start(role: str) -> None:
+    """Begin this process's events (once; again in a process that became another rank or a forked copy)."""
+    global _recorder, _role
+    _role = role
+    argv = getattr(sys, "orig_argv", sys.argv)
+    if role == "launcher":  # the workers it starts inherit the job's name
+        os.environ.setdefault(EVENTS_JOB_VAR, job_id(argv))
+    if _recorder is not None and _recorder.pid == os.getpid() and (role == "launcher" or _recorder.rank == env_rank()):
+        return
+    folder = directory(os.environ, argv)
+    try:
+        _recorder = Recorder(folder, role, os.environ) if folder else None
+    except (OSError, ValueError):
+        _recorder = None  # an unwritable folder: the job trains without its record
+
+
+def recording() -> bool:
+    """Whether this process keeps events (the framework glue hooks nothing for them otherwise)."""
+    return _recorder is not None
+
+
+def emit(event: str, /, **fields: Any) -> None:
+    """Record ``event`` now, with ``fields``; nothing where no events are kept."""
+    if _recorder is None:
+        return
+    try:
+        if _recorder.pid != os.getpid():
+            start(_role)
+        if _recorder is not None:
+            _recorder.emit(event, fields)
+    except (OSError, TypeError, ValueError):
+        pass
+
+
+def step(number: int, started: float) -> None:
+    """Step ``number`` began at ``started`` (``time.time()``) and ends now: kept, written with the next batch."""
+    if _recorder is not None:
+        _recorder.step(number, started)
+
+
+def flush() -> None:
+    """Write the steps kept in memory (at exit, before ``os._exit``)."""
+    if _recorder is not None and _recorder.pid == os.getpid():
+        try:
+            _recorder.flush()
+        except OSError:
+            pass
+
+
+def end(code: int | None = None) -> None:
+    """The process ends (``code`` when known): its last steps and the end written."""
+    flush()
+    if _recorder is not None and _recorder.pid == os.getpid():
+        emit("end", code=code)
+
+
+atexit.register(end)

@@ -1,0 +1,209 @@
+"""Where a job's time went, from its events: productive training, each cause of badput, and each fault's cost.
+
+Every moment of the wall time gets one label, the first that holds of: a fault's detection, its dump, its restart
+and reload or its in-place repair (from the fault to every rank training again); a checkpoint save; a step trained
+again (a step this rank had completed before); a step (from the end of the rank's previous step, so the loop's own
+work between steps counts); start-up (to the job's first step); else ``other`` (e.g. what follows the last step).
+
+A fault is the cluster of what saw it: the fire drill's shot, the launcher's notice of a death, the watchdog's of a
+hang, a dying gasp (SIGTERM, an exception), a survivor catching it. Its rank and kind come from the most direct
+witness in that order; it ends when every rank trains again: each one repaired in place (one recovery generation),
+or each process of the restarted job at its first step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ft_plugins.report.reading import Record
+
+DETECTION, DUMP, RESTART, IN_PLACE = "fault detection", "dump", "restart and reload", "in-place repair"
+SAVES, RECOMPUTED, STARTUP, TRAINING, OTHER = "checkpoint saves", "steps recomputed", "start-up", "training", "other"
+PRIORITY = (DETECTION, DUMP, RESTART, IN_PLACE, SAVES, RECOMPUTED, TRAINING, STARTUP)  # first wins
+BADPUT = (STARTUP, SAVES, DETECTION, DUMP, RESTART, IN_PLACE, RECOMPUTED)
+WITNESSES = ("injected", "watchdog", "launcher", "gasp", "caught")  # the most direct first
+
+
+@dataclass
+class Fault:
+    """One fault: when (seconds from the job's start), which rank, what kind, how it was met, what it cost."""
+
+    at: float
+    rank: int | None
+    kind: str
+    how: str
+    section: str | None
+    to_training: float | None  # seconds from the fault to every rank training again; None: never
+    steps_lost: int
+    steps_recomputed: int
+    phases: dict[str, float] = field(default_factory=dict)  # seconds of each part
+
+
+@dataclass
+class Report:
+    job: str
+    wall: float
+    productive: float
+    badput: dict[str, float]
+    other: float
+    faults: list[Fault]
+    notes: list[str]
+    spans: list[tuple[float, float, str, Any]] = field(default_factory=list)  # (start, end, label, rank): the plot's
+
+    @property
+    def goodput(self) -> float:
+        return 100.0 * self.productive / self.wall if self.wall > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {key: value for key, value in asdict(self).items() if key != "spans"}
+        out["goodput_percent"] = round(self.goodput, 2)
+        return out
+
+
+def analyse(record: Record) -> Report:
+    """The report of one job's events."""
+    events = [(event, process) for process in record.processes for event in process.events]
+    begin = min(event["t"] for event, _ in events)
+    end = max(event.get("end", event["t"]) for event, _ in events)
+    spans: list[tuple[float, float, str, Any]] = []
+    steps = _steps(record, spans)
+    starts = [start for start, _, label, _ in spans if label in (TRAINING, RECOMPUTED)]
+    spans.append((begin, min(starts, default=end), STARTUP, None))
+    faults = _faults(record, events, steps, spans, end)
+    for process in record.processes:
+        opened = [event["t"] for event in process.of("save_start")]
+        for closed, started in zip(process.of("save_end"), opened):
+            spans.append((started, closed["t"], SAVES, process.rank))
+    totals = _sweep(spans)
+    for fault in faults:
+        fault.at -= begin
+    badput = {label: totals.get(label, 0.0) for label in BADPUT}
+    productive = totals.get(TRAINING, 0.0)
+    other = max(0.0, end - begin - productive - sum(badput.values()))
+    return Report(record.job, end - begin, productive, badput, other, faults, record.notes,
+                  [(start - begin, stop - begin, label, rank) for start, stop, label, rank in spans])
+
+
+def _steps(record: Record, spans: list) -> list[tuple[float, float, int, int | None]]:
+    """Every step ended, as (start, end, step, rank); its span from the previous step's end in the same process
+    when nothing else (a save, a fault) happened there in between."""
+    done: dict[Any, set[int]] = {}
+    found = []
+    for process in sorted(record.processes, key=lambda process: process.start):
+        previous: dict[str, Any] | None = None
+        other = float("-inf")
+        for event in process.events:
+            if event["ev"] != "step":
+                other = event["t"]
+                continue
+            start = event["t"]
+            if previous is not None and previous["step"] == event["step"] - 1 and other < previous["end"]:
+                start = previous["end"]
+            seen = done.setdefault(process.rank, set())
+            spans.append((start, event["end"], RECOMPUTED if event["step"] in seen else TRAINING, process.rank))
+            seen.add(event["step"])
+            found.append((event["t"], event["end"], event["step"], process.rank))
+            previous = event
+    return found
+
+
+def _faults(record: Record, events: list, steps: list, spans: list, end: float) -> list[Fault]:
+    witnessed = sorted(((event, process) for event, process in events if _witness(event) is not None),
+                       key=lambda pair: pair[0]["t"])
+    faults: list[Fault] = []
+    closes = float("-inf")
+    cluster: list = []
+    for pair in witnessed + [None]:
+        if pair is not None and pair[0]["t"] <= closes:
+            cluster.append(pair)
+            continue
+        if cluster:
+            faults.append(_fault(record, cluster, steps, spans, end))
+        if pair is None:
+            break
+        cluster = [pair]
+        again, _ = _again(record, _began(pair), end)
+        closes = again if again is not None else end
+    return faults
+
+
+def _witness(event: dict[str, Any]) -> str | None:
+    if event["ev"] == "fault" and event.get("kind"):
+        return event.get("noticed", "launcher")
+    return event["ev"] if event["ev"] in ("gasp", "caught") else None
+
+
+def _began(pair: tuple) -> float:
+    event = pair[0]
+    return event["t"] - float(event.get("quiet") or 0.0)
+
+
+def _again(record: Record, began: float, end: float) -> tuple[float | None, Any]:
+    """When every rank trains again after a fault that began at ``began``, and how: ``("in place", K)`` or
+    ``("restart", first step)``; (None, None) when the job never did."""
+    repaired = sorted(((event, process) for process in record.processes for event in process.of("recovered")
+                       if event["t"] > began), key=lambda pair: pair[0]["t"])
+    restarted = [process for process in record.processes if process.start > began and process.of("step")
+                 and process.role == "worker" and process.attempt > 0]
+    first_restart = min((process.start for process in restarted), default=None)
+    if repaired and (first_restart is None or repaired[0][0]["t"] < first_restart):
+        which = (repaired[0][1].attempt, repaired[0][0].get("generation"))
+        same = [event for event, process in repaired if (process.attempt, event.get("generation")) == which]
+        return max(event["t"] for event in same), ("in place", max(event.get("step", 0) for event in same))
+    if restarted:
+        attempt = min(process.attempt for process in restarted)
+        firsts = [process.of("step")[0] for process in restarted if process.attempt == attempt]
+        return max(event["t"] for event in firsts), ("restart", min(event["step"] for event in firsts) - 1)
+    return None, None
+
+
+def _fault(record: Record, cluster: list, steps: list, spans: list, end: float) -> Fault:
+    primary = min(cluster, key=lambda pair: WITNESSES.index(_witness(pair[0])))
+    event, process = primary
+    began = min(_began(pair) for pair in cluster)
+    witness = _witness(event)
+    rank = event.get("rank") if witness in ("injected", "watchdog", "launcher") else process.rank
+    kind = event.get("kind") or "death"
+    noticed = min((pair[0]["t"] for pair in cluster if _witness(pair[0]) != "injected"), default=began)
+    again, met = _again(record, began, end)
+    how, resumed = met if met is not None else ("not met: the job ended", None)
+    dumps = [pair[0]["t"] for pair in cluster if pair[0]["ev"] == "gasp"]
+    dumped = [event["t"] for process in record.processes for event in process.of("dump")
+              if began <= event["t"] <= (again or end)]
+    phases = {DETECTION: (began, noticed)}
+    if dumped:
+        phases[DUMP] = (min(dumps, default=noticed), max(dumped))
+    stop = again if again is not None else end
+    phases[IN_PLACE if how == "in place" else RESTART] = (max(noticed, max(dumped, default=noticed)), stop)
+    for label, (start, stop_at) in phases.items():
+        spans.append((start, max(start, stop_at), label, rank))
+    if how == "restart":
+        how = "dump + restart" if dumped else "restart"
+    if kind == "hang":
+        how = f"hang kill, {how}"
+    completed = max((step for _, finished, step, _ in steps if finished <= began), default=0)
+    lost = max(0, completed - resumed) if resumed is not None else completed
+    again_at = again if again is not None else end
+    redone = {step for start, _, step, _ in steps if start >= again_at and step <= completed} if again else set()
+    return Fault(began, rank, kind, how, event.get("section"), None if again is None else again - began, lost,
+                 len(redone), {label: max(0.0, stop_at - start) for label, (start, stop_at) in phases.items()})
+
+
+def _sweep(spans: list[tuple[float, float, str, Any]]) -> dict[str, float]:
+    """Seconds of each label, each moment counted once under the first label of :data:`PRIORITY` that holds."""
+    marks = []
+    for start, stop, label, _ in spans:
+        if stop > start:
+            marks += [(start, 1, label), (stop, -1, label)]
+    marks.sort(key=lambda mark: mark[0])
+    active = dict.fromkeys(PRIORITY, 0)
+    totals: dict[str, float] = {}
+    last = marks[0][0] if marks else 0.0
+    for when, change, label in marks:
+        if when > last:
+            held = next((name for name in PRIORITY if active[name] > 0), OTHER)
+            totals[held] = totals.get(held, 0.0) + when - last
+            last = when
+        active[label] += change
+    return totals

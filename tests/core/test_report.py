@@ -1,0 +1,182 @@
+"""``ft-plugins report`` on events written here by hand (no process started): the goodput arithmetic, each fault's
+row, and the reader's one-line refusals and notes on bad input. Real jobs' reports: tests/ttp (the in-place
+recoveries of test_replicated_dump.py, the dump + restart of test_recover_flags.py and test_auto_restart.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ft_plugins import events
+from ft_plugins.cli import main
+from ft_plugins.report.goodput import DETECTION, DUMP, IN_PLACE, RESTART, SAVES, STARTUP, analyse
+from ft_plugins.report.reading import Refused, read
+
+T0 = 1_800_000_000.0  # an epoch time: the events' clock
+
+
+def near(seconds: float) -> Any:
+    return pytest.approx(seconds, abs=1e-3)  # float seconds near T0 keep about 7 digits after the point
+
+
+def write(folder: Path, name: str, head: dict[str, Any], *lines: dict[str, Any], tail: str = "") -> None:
+    """One process's events file: its start (``head``: rank, attempt, ...), then ``lines``, times from T0."""
+    folder.mkdir(parents=True, exist_ok=True)
+    start = {"t": T0 + head.pop("at", 0.0), "ev": "start", "job": "j1", "role": "worker", "host": "n0", "attempt": 0,
+             **head}
+    body = [start] + [{**line, "t": T0 + line["t"], **({"end": T0 + line["end"]} if "end" in line else {})}
+                      for line in lines]
+    (folder / f"{name}.jsonl").write_text("".join(json.dumps(line) + "\n" for line in body) + tail)
+
+
+def steps(first: int, last: int, at: float, seconds: float = 1.0) -> list[dict[str, Any]]:
+    return [{"t": at + (n - first) * seconds, "ev": "step", "step": n, "end": at + (n - first + 1) * seconds}
+            for n in range(first, last + 1)]
+
+
+def in_place_job(folder: Path) -> None:
+    """2 ranks: set-up 2 s, steps 1-3 (1 s each), a save of 0.5 s, rank 1 killed at 5.6 s (noticed at 5.7 s),
+    repaired in place at 7.0 s (every rank stands at step 3), steps 4-5, end at 9 s."""
+    write(folder, "launcher", {"role": "launcher", "rank": None},
+          {"t": 5.7, "ev": "fault", "rank": 1, "kind": "death", "code": -9, "noticed": "launcher"},
+          {"t": 5.7, "ev": "replacement", "rank": 1, "generation": 1}, {"t": 9.0, "ev": "end"})
+    write(folder, "rank0", {"rank": 0}, *steps(1, 3, 2.0), {"t": 5.0, "ev": "save_start", "step": 3},
+          {"t": 5.5, "ev": "save_end", "step": 3, "bytes": 100},
+          {"t": 5.8, "ev": "caught", "generation": 1}, {"t": 6.9, "ev": "recovered", "generation": 1, "step": 3},
+          *steps(4, 5, 7.0), {"t": 9.0, "ev": "end"})
+    write(folder, "rank1", {"rank": 1}, *steps(1, 3, 2.0), {"t": 5.0, "ev": "save_start", "step": 3},
+          {"t": 5.5, "ev": "save_end", "step": 3},
+          {"t": 5.6, "ev": "fault", "rank": 1, "kind": "death", "completed": 3, "noticed": "injected"})
+    write(folder, "rank1-new", {"rank": 1, "at": 5.75, "generation": 1, "life": 1},
+          {"t": 7.0, "ev": "recovered", "generation": 1, "step": 3}, *steps(4, 5, 7.0), {"t": 9.0, "ev": "end"})
+
+
+def test_in_place_fault_goodput_arithmetic_and_its_row(tmp_path: Path) -> None:
+    in_place_job(tmp_path)
+    report = analyse(read(str(tmp_path)))
+    assert report.wall == near(9.0)
+    assert report.badput[STARTUP] == near(2.0)
+    assert report.badput[SAVES] == near(0.5)
+    assert report.badput[DETECTION] == near(0.1)  # the shot at 5.6 s, the launcher's notice at 5.7 s
+    assert report.badput[IN_PLACE] == near(1.3)  # to the last rank repaired, at 7.0 s
+    assert report.productive == near(3.0 + 2.0)  # steps 1-3 and 4-5
+    assert report.goodput == near(100 * 5.0 / 9.0)
+    assert report.other == near(9.0 - 5.0 - 2.0 - 0.5 - 0.1 - 1.3)  # 5.5 s to 5.6 s
+    [fault] = report.faults
+    assert (fault.rank, fault.kind, fault.how, fault.steps_lost, fault.steps_recomputed) == (1, "death", "in place",
+                                                                                             0, 0)
+    assert fault.at == near(5.6) and fault.to_training == near(1.4)
+
+
+def test_dump_and_restart_counts_the_dump_the_restart_and_the_steps_trained_again(tmp_path: Path) -> None:
+    """Rank 0 raises in step 4 at 5.2 s; its dump of step 2 (not 3: say the save was older) ends at 5.6 s;
+    attempt 1 starts at 6 s and trains from step 3 at 8 s: step 3 is lost and trained again."""
+    write(tmp_path, "rank0", {"rank": 0}, *steps(1, 3, 2.0),
+          {"t": 5.2, "ev": "gasp", "reason": "InjectedFault in step 4", "kind": "exception", "completed": 3},
+          {"t": 5.6, "ev": "dump", "step": 2, "seconds": 0.4})
+    write(tmp_path, "rank0-attempt1", {"rank": 0, "attempt": 1, "at": 6.0},
+          {"t": 7.0, "ev": "resume", "chosen": "ckpt/iter_0000002", "skipped": []}, *steps(3, 5, 8.0))
+    report = analyse(read(str(tmp_path)))
+    [fault] = report.faults
+    assert (fault.rank, fault.kind, fault.how) == (0, "exception", "dump + restart")
+    assert fault.to_training == near(8.0 - 5.2)
+    assert (fault.steps_lost, fault.steps_recomputed) == (1, 1)
+    assert report.badput[DUMP] == near(0.4)
+    assert report.badput[RESTART] == near(8.0 - 5.6)
+    assert report.badput["steps recomputed"] == near(1.0)
+    assert report.productive == near(3.0 + 2.0)
+
+
+def test_a_hang_begins_when_the_rank_went_quiet(tmp_path: Path) -> None:
+    write(tmp_path, "launcher", {"role": "launcher", "rank": None},
+          {"t": 9.0, "ev": "fault", "rank": 1, "kind": "hang", "quiet": 4.0, "section": "step", "noticed": "watchdog"},
+          {"t": 9.1, "ev": "fault", "rank": 1, "kind": "signal", "code": -15, "noticed": "launcher"})
+    write(tmp_path, "rank0", {"rank": 0}, *steps(1, 3, 2.0), {"t": 10.0, "ev": "recovered", "generation": 1, "step": 3},
+          *steps(4, 4, 10.0))
+    [fault] = analyse(read(str(tmp_path))).faults
+    assert (fault.rank, fault.kind, fault.how, fault.section) == (1, "hang", "hang kill, in place", "step")
+    assert fault.at == near(5.0) and fault.to_training == near(5.0)
+
+
+def test_no_events_is_refused_saying_where_it_looked(tmp_path: Path) -> None:
+    with pytest.raises(Refused, match=f"no events found: looked for \\*.jsonl in {tmp_path} and {tmp_path}/ft_events"):
+        read(str(tmp_path))
+
+
+def test_a_save_directory_is_read_through_its_events_folder(tmp_path: Path) -> None:
+    in_place_job(tmp_path / events.FOLDER)
+    assert read(str(tmp_path)).folder == str(tmp_path / events.FOLDER)
+
+
+def test_a_last_line_cut_short_is_read_up_to_and_said(tmp_path: Path) -> None:
+    in_place_job(tmp_path)
+    write(tmp_path, "rank1", {"rank": 1}, *steps(1, 3, 2.0), tail='{"t": 1800000005.6, "ev": "fau')
+    record = read(str(tmp_path))
+    assert record.notes == ["rank1.jsonl: its last line was cut short (the process ended as it wrote); read up to it"]
+    assert [len(process.of("step")) for process in record.processes if process.path.endswith("rank1.jsonl")] == [3]
+
+
+def test_two_jobs_in_one_folder_are_refused_unless_one_is_chosen(tmp_path: Path) -> None:
+    in_place_job(tmp_path)
+    write(tmp_path, "other", {"rank": 0, "job": "j2"}, *steps(1, 2, 0.0))
+    with pytest.raises(Refused, match=r"events of 2 jobs in .* \(j1, j2\): choose one with --job ID"):
+        read(str(tmp_path))
+    assert [process.job for process in read(str(tmp_path), job="j2").processes] == ["j2"]
+
+
+def test_a_node_whose_clock_disagrees_is_shifted_onto_the_first_and_said(tmp_path: Path) -> None:
+    """Rank 1 on node n1, whose clock runs 30 s ahead: its step ends meet rank 0's once shifted."""
+    write(tmp_path, "rank0", {"rank": 0}, *steps(1, 4, 2.0))
+    write(tmp_path, "rank1", {"rank": 1, "host": "n1", "at": 30.0}, *steps(1, 4, 32.0))
+    record = read(str(tmp_path))
+    assert record.notes == ["clocks: n1 runs 30.00 s ahead of n0 (from 4 step ends, which a collective makes "
+                            "simultaneous); n0's clock assumed, n1's times shifted"]
+    assert analyse(record).wall == near(6.0)
+
+
+def cli(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
+    code = main(["report", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_the_command_refuses_in_one_line_and_reports_as_text_json_and_a_picture(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    code, _, err = cli(capsys, str(tmp_path))
+    assert code == 3 and len(err.splitlines()) == 1 and err.startswith("ft-plugins report: no events found")
+    in_place_job(tmp_path)
+    code, out, err = cli(capsys, str(tmp_path))
+    assert code == 0, err
+    assert "goodput              55.6 %" in out and "in place" in out
+    assert json.loads(cli(capsys, str(tmp_path), "--json")[1])["faults"][0]["kind"] == "death"
+    for name, magic in (("timeline.png", b"\x89PNG"), ("timeline.svg", b"<?xml")):
+        code, _, err = cli(capsys, str(tmp_path), "--plot", str(tmp_path / name))
+        assert code == 0, err
+        assert (tmp_path / name).read_bytes().startswith(magic)
+
+
+def test_plot_without_matplotlib_says_how_to_install_it(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    in_place_job(tmp_path)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # an import of it fails, as where it is not installed
+    code, _, err = cli(capsys, str(tmp_path), "--plot", str(tmp_path / "x.png"))
+    assert code == 2
+    assert err.strip() == "ft-plugins report: --plot needs matplotlib: pip install 'ft-plugins[report]'"
+
+
+def test_a_process_keeps_its_steps_in_memory_and_writes_them_at_its_end(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FT_PLUGINS_EVENTS_DIR", str(tmp_path))
+    monkeypatch.setattr(events, "_recorder", None)
+    events.start("worker")
+    events.step(1, events.time.time())
+    [path] = tmp_path.iterdir()
+    assert [json.loads(line)["ev"] for line in path.read_text().splitlines()] == ["start"]
+    events.emit("fault", rank=1, kind="death")
+    events.end(0)
+    assert [json.loads(line)["ev"] for line in path.read_text().splitlines()] == ["start", "fault", "step", "end"]
+    monkeypatch.setattr(events, "_recorder", None)
