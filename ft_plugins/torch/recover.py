@@ -40,7 +40,7 @@ import time
 from datetime import timedelta
 from typing import Any, Callable
 
-from ft_plugins import faults, progress
+from ft_plugins import events, faults, progress
 from ft_plugins.features.recover import Recover
 from ft_plugins.patching import Patch
 from ft_plugins.rank import global_rank, is_rank_zero
@@ -227,6 +227,7 @@ class MegatronRecovery:
                 "its state torn by an update left half done: a peer sends it the step")
         log.warning("recover: rank %d (pid %d) caught %s in %s (%s); waiting for a replacement", rank, os.getpid(),
                     reason, where, held)
+        events.emit("caught", generation=generation, reason=reason, section=where, completed=standing.completed)
         loop.forget_pending_communication(self.objects[0])
         try:
             with self._quiet():
@@ -282,6 +283,7 @@ class MegatronRecovery:
             log.warning("recover: rank %d %s generation %d in %.2f s: every rank stands at step %d, training "
                         "continues at step %d", rank, "joined" if mine is None else "repaired", generation,
                         time.monotonic() - started, decided.step, decided.step + 1)
+        events.emit("recovered", generation=generation, step=decided.step, seconds=time.monotonic() - started)
         progress.report(progress.STEP)  # the step goes on (or starts again) under the step's bound
         return outcome
 
@@ -298,6 +300,7 @@ class MegatronRecovery:
             sent = send(state_at(model, optimizer, scheduler, completed, rng, consumed, mine[0].flops), receivers, group)
             log.warning("recover: rank %d sent the state of step %d (%.1f MB) to rank%s %s", rank, completed,
                         sent / 1e6, "" if len(receivers) == 1 else "s", ", ".join(map(str, receivers)))
+            events.emit("state_sent", step=completed, bytes=sent, to=list(receivers))
         outcome = OUTCOME[decided.resume]
         if mine is None:  # the replacement: its counters were set at train to where every rank resumes
             state = receive(source, group)
@@ -355,6 +358,7 @@ class MegatronRecovery:
                                  megatron_args.num_floating_point_operations_so_far)
         log.warning("recover: replacement of rank %s (generation %d) starts at step %d, as the survivors",
                     os.environ.get("RANK"), self.generation, step + 1 - behind)
+        events.emit("joined", generation=self.generation, step=step - behind)
 
     def _raised(self, reason: str, where: str) -> None:
         """This rank's own code raised, in no collective: no process is lost, so there is nothing to replace,
