@@ -72,7 +72,7 @@ def model_provider(pre_process=True, post_process=True, vp_stage=None, config=No
     args = get_args()
     return GPTModel(
         config=core_transformer_config_from_args(args),
-        transformer_layer_spec=get_gpt_layer_local_spec(),
+        transformer_layer_spec=get_gpt_layer_local_spec(num_experts=args.num_experts),  # MoE with --num-experts
         vocab_size=args.padded_vocab_size,
         max_sequence_length=args.max_position_embeddings,
         pre_process=pre_process,

@@ -28,6 +28,9 @@ PARAMETER_STATE = "ft_plugins_parameter_state"
 
 def unreplicated(megatron_args: Any) -> str:
     """Why a lost rank's optimizer state has no other holder ("" when it has one)."""
+    if megatron_args.use_distributed_optimizer and (getattr(megatron_args, "num_experts", None) or 0) > 1:
+        return ("mixture of experts with megatron's distributed optimizer: the experts' optimizer shards are not "
+                "handed over yet")
     if megatron_args.use_distributed_optimizer and getattr(megatron_args, "num_distributed_optimizer_instances", 1) < 2:
         return ("megatron's distributed optimizer in one instance: a lost rank's optimizer shard has no other "
                 "holder (FT_PLUGINS_TTP_REPLICAS=2, or --num-distributed-optimizer-instances 2)")

@@ -447,14 +447,15 @@ class MegatronRecovery:
                 for rank in range(world) if rank != lost}
 
 
-def _what_this_rank_holds(optimizer: Any) -> tuple[int, int | None]:
-    """Ranks with the same answer hold the same state: the first rank of the data-parallel group, and with the
-    distributed optimizer the place in the optimizer instance (the shard of the parameter state)."""
+def _what_this_rank_holds(optimizer: Any) -> tuple[int, int, int | None]:
+    """Ranks with the same answer hold the same state: the first rank of the data-parallel group, the experts
+    (with expert parallelism the data-parallel ranks hold different experts), and with the distributed optimizer
+    the place in the optimizer instance (the shard of the parameter state)."""
     import torch.distributed as dist
 
     mpu = megatron("core.parallel_state")
     members = dist.get_process_group_ranks(mpu.get_data_parallel_group(with_context_parallel=True))
-    return min(members), instance_place(optimizer)
+    return min(members), mpu.get_expert_model_parallel_rank(), instance_place(optimizer)
 
 
 def _holding_store(store: Any) -> Any:

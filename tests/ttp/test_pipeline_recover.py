@@ -39,7 +39,7 @@ SHARDS = ("mp_rank_00_000", "mp_rank_01_000", "mp_rank_00_001", "mp_rank_01_001"
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Job:
-    return PIPELINE.reference(tmp_path_factory.mktemp("pipeline_reference"))
+    return PIPELINE.reference(tmp_path_factory.mktemp("pipeline_reference"), "--save-interval", "100")  # the final
 
 
 @pytest.fixture(scope="module")

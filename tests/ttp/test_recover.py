@@ -114,7 +114,7 @@ def test_a_rank_lost_inside_its_update_the_survivors_count_the_step_as_done(reco
 
 def test_no_checkpoint_read_or_written_on_the_way(recovered: Job) -> None:
     assert not recovered.lines("loading checkpoint"), "the replacements read nothing from disk"
-    assert sorted(path.name for path in recovered.save.iterdir()) == [
+    assert sorted(path.name for path in recovered.save.iterdir()) == ["ft_events",
         "iter_0000003", "iter_0000006", "latest_checkpointed_iteration.txt"], "the periodic saves only"
     assert not recovered.lines("dumped"), "no dying-gasp dump"
 
@@ -190,13 +190,17 @@ def test_negative_control_without_ft_plugins_the_same_fault_ends_the_job(tmp_pat
      "megatron's distributed optimizer in one instance: a lost rank's optimizer shard has no other holder "
      "(FT_PLUGINS_TTP_REPLICAS=2, or --num-distributed-optimizer-instances 2)"),
     ({"pipeline_model_parallel_size": 2}, ""),
+    ({"num_experts": 2}, ""),
+    ({"num_experts": 2, "use_distributed_optimizer": True, "num_distributed_optimizer_instances": 2},
+     "mixture of experts with megatron's distributed optimizer: the experts' optimizer shards are not handed over "
+     "yet"),
     ({"virtual_pipeline_model_parallel_size": 2}, ""),
     ({"ckpt_format": "torch_dist"}, ""),
     ({"ckpt_format": "fsdp_dtensor"},
      "--ckpt-format fsdp_dtensor: the hand-over moves the state of Megatron's DDP and optimizers as the torch and "
      "torch_dist formats save it"),
 ], ids=["data-parallel", "distributed-optimizer-two-instances", "distributed-optimizer-one-instance",
-        "pipeline", "virtual-pipeline", "torch-dist", "fsdp-dtensor"])
+        "pipeline", "moe", "moe-distributed-optimizer", "virtual-pipeline", "torch-dist", "fsdp-dtensor"])
 def test_what_recover_cannot_replace_is_said_at_the_start(layout: dict, refusal: str) -> None:
     from ft_plugins.torch.handover import unsupported
 

@@ -24,7 +24,7 @@ KILL = f"rank=1,step={STEP},kind=kill"
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Job:
-    return DIST.reference(tmp_path_factory.mktemp("dist_reference"))
+    return DIST.reference(tmp_path_factory.mktemp("dist_reference"), *FAR)  # the final save only
 
 
 @pytest.fixture(scope="module")
