@@ -61,6 +61,20 @@ def parse_positive_int(raw: str) -> int:
     return value
 
 
+def parse_seconds(raw: str) -> float:
+    value = float(raw)
+    if value <= 0:
+        raise ValueError("expected a number of seconds greater than 0")
+    return value
+
+
+def parse_count(raw: str) -> int:
+    value = int(raw)
+    if value < 0:
+        raise ValueError("expected a whole number >= 0")
+    return value
+
+
 # collections' namedtuple, not typing.NamedTuple: that compiles each field's annotation when the class is made
 # (import time: every training process makes these); the annotations below only document the fields
 class Option(namedtuple("Option", ("name", "default", "help", "parse", "choices"), defaults=(str, ()))):

@@ -13,24 +13,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ft_plugins.config import Option
+from ft_plugins.config import Option, parse_count, parse_seconds
 from ft_plugins.features.base import Feature
 from ft_plugins.progress import DUMP, END, EVAL, RECOVERY, SAVE, SETUP
 from ft_plugins.vendors import VendorUnavailable
-
-
-def _seconds(raw: str) -> float:
-    value = float(raw)
-    if value <= 0:
-        raise ValueError("expected a number of seconds greater than 0")
-    return value
-
-
-def _count(raw: str) -> int:
-    value = int(raw)
-    if value < 0:
-        raise ValueError("expected a whole number >= 0")
-    return value
 
 
 class Bounds:
@@ -67,18 +53,18 @@ class Hangs(Feature):
     name = "hangs"
     summary = "a rank that stops making progress is found, its stacks logged, and it is ended like a death"
     options = (
-        Option("floor", 60.0, "least seconds a step may go without progress", _seconds),
+        Option("floor", 60.0, "least seconds a step may go without progress", parse_seconds),
         Option("factor", 5.0, "a step's bound is this many times the slowest step seen (never below floor)",
-               _seconds),
+               parse_seconds),
         Option("warmup", 900.0, "seconds for set-up, each of the first warmup_steps steps of a process, and what "
                "follows the training loop (final evaluation and save, exit)",
-               _seconds),
+               parse_seconds),
         Option("warmup_steps", 2, "steps of each process under the warmup bound (compilation, first batches)",
-               _count),
-        Option("save", 900.0, "seconds a checkpoint save may take", _seconds),
-        Option("eval", 900.0, "seconds an evaluation may take", _seconds),
-        Option("recovery", 900.0, "seconds a dump or an in-place recovery may take", _seconds),
-        Option("grace", 5.0, "seconds between SIGTERM and SIGKILL for a hung rank", _seconds),
+               parse_count),
+        Option("save", 900.0, "seconds a checkpoint save may take", parse_seconds),
+        Option("eval", 900.0, "seconds an evaluation may take", parse_seconds),
+        Option("recovery", 900.0, "seconds a dump or an in-place recovery may take", parse_seconds),
+        Option("grace", 5.0, "seconds between SIGTERM and SIGKILL for a hung rank", parse_seconds),
     )
 
     def start(self) -> str:

@@ -10,25 +10,11 @@ it on: only its name or ``all`` does.
 
 from __future__ import annotations
 
-from ft_plugins.config import Option
+from ft_plugins.config import Option, parse_count, parse_seconds
 from ft_plugins.features.base import Feature
 from ft_plugins.vendors import VendorUnavailable
 
 DEFAULT_TIMEOUT = 180.0  # seconds, as MindIO's TTP_NORMAL_ACTION_TIME_LIMIT
-
-
-def _seconds(raw: str) -> float:
-    value = float(raw)
-    if value <= 0:
-        raise ValueError("expected a number of seconds greater than 0")
-    return value
-
-
-def _count(raw: str) -> int:
-    value = int(raw)
-    if value < 0:
-        raise ValueError("expected a whole number >= 0")
-    return value
 
 
 class Recover(Feature):
@@ -37,9 +23,9 @@ class Recover(Feature):
     summary = "in-place recovery: a lost rank is replaced while the others keep running (falls back to ttp's dump)"
     options = (
         Option("timeout", DEFAULT_TIMEOUT, "seconds the survivors wait for a replacement to join before the dump",
-               _seconds),
+               parse_seconds),
         Option("spares", 0, "processes per node kept waiting (forked from a template with torch and megatron "
-               "imported) that take over a lost rank; 0: a fresh process is started", _count),
+               "imported) that take over a lost rank; 0: a fresh process is started", parse_count),
     )
 
     def start(self) -> str:
