@@ -53,7 +53,7 @@ def main() -> None:
     added = min(empty["reported"]) - min(empty["bare"])
     ratio = min(loaded["reported"]) / min(loaded["bare"])
     print(f"empty step, bare: {min(empty['bare']) * 1e6:.2f} us")
-    print(f"reported : +{added * 1e6:.2f} us per step (a step's two reports and its wrapper); "
+    print(f"reported : +{added * 1e6:.2f} us per step (the step's and its batch's reports, and the wrappers); "
           f"ratio on a {WORK_SECONDS * 1e3:.0f} ms step: {ratio:.4f}")
 
 
