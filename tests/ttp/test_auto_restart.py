@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 
+from report_check import check_faults
 from ttp_runs import ITERS, Job, run_job, same_as_reference
 
 STEP = 3  # the fault fires in the step after 3 completed steps
@@ -49,6 +50,10 @@ def test_fault_dump_automatic_restart_and_resume_in_one_command(restarted: Job, 
     assert restarted.tracker() == str(ITERS)
     assert same_as_reference(restarted, reference, STEP) == []
     assert same_as_reference(restarted, reference, ITERS, rng=False) == []  # after a resume: see differences()
+
+
+def test_the_report_names_the_fault_met_by_dump_and_restart_under_plain_torchrun(restarted: Job) -> None:
+    check_faults(restarted, [(1, "death", "dump + restart", STEP)])
 
 
 def test_negative_control_the_same_restart_without_ft_plugins_trains_the_lost_steps_again(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from report_check import check_faults
 from ttp_runs import ITERS, Job, Launch, run_supervised, same_as_reference
 
 OVERLAPPED = Launch(2, ("--overlap-grad-reduce",))
@@ -57,6 +58,10 @@ def test_max_restarts_in_place_first_then_the_whole_restart_torchrun_was_asked_f
     assert not restarting.lines("connectFullMesh failed")
     assert restarting.tracker() == str(ITERS)
     assert same_as_reference(restarting, reference, ITERS, rng=False) == []  # after a resume: see differences()
+
+
+def test_the_report_names_the_fault_met_in_place_and_the_one_met_by_dump_and_restart(restarting: Job) -> None:
+    check_faults(restarting, [(1, "death", "in place", LOST), (0, "exception", "dump + restart", RAISED)])
 
 
 @pytest.fixture(scope="module")

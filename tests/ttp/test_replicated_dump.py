@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from support import FAKES, assert_bit_identical, read_records
+from report_check import check_faults
 from ttp_runs import (ITERS, Job, Launch, committed_dump, mindio_env, resumed_to_the_end, run_supervised,
                       same_as_reference)
 
@@ -138,11 +139,15 @@ def test_recover_three_ranks_lost_in_turn_each_shard_from_the_same_place_of_the_
                                f"{generation}"), recovered.output[-5000:]
     assert [len(recovered.lines(f"iteration        {i}/       {ITERS}")) for i in range(1, ITERS + 1)] == [1] * ITERS
     assert not recovered.lines("loading checkpoint") and not recovered.lines("dumped")
-    assert sorted(path.name for path in recovered.save.iterdir()) == [
+    assert sorted(path.name for path in recovered.save.iterdir()) == ["ft_events",
         "iter_0000003", "iter_0000006", "latest_checkpointed_iteration.txt"], "the periodic saves only"
     for step in (3, ITERS):  # the save the lost rank 0 interrupted, written again, and the final one
         assert same_as_reference(recovered, reference, step) == [], step
         assert_bit_identical(reference.iteration(step) / OPTIMIZER, recovered.iteration(step) / OPTIMIZER, parts=None)
+
+
+def test_the_report_names_the_three_faults_met_in_place_each_with_its_time_to_training_again(recovered: Job) -> None:
+    check_faults(recovered, [(1, "death", "in place", 2), (0, "death", "in place", 3), (3, "death", "in place", 4)])
 
 
 @pytest.fixture(scope="module")
