@@ -54,6 +54,32 @@ def instance_place(optimizer: Any) -> int | None:
     return dist.get_process_group_ranks(sharded[0].data_parallel_group).index(dist.get_rank()) if sharded else None
 
 
+def what_this_rank_holds(optimizer: Any) -> tuple[int, int, int | None]:
+    """Ranks with the same answer hold the same state: the first rank of the data-parallel group, the experts
+    (with expert parallelism the data-parallel ranks hold different experts), and with the distributed optimizer
+    the place in the optimizer instance (the shard of the parameter state)."""
+    import torch.distributed as dist
+
+    mpu = megatron("core.parallel_state")
+    members = dist.get_process_group_ranks(mpu.get_data_parallel_group(with_context_parallel=True))
+    return min(members), mpu.get_expert_model_parallel_rank(), instance_place(optimizer)
+
+
+def step_samples(consumed: int) -> int:
+    """The samples of the step that brought the run to ``consumed`` samples: the global batch, or under
+    ``--rampup-batch-size`` the batch Megatron's calculator gives at the step's start (``c`` with
+    ``c + batch(c) == consumed``: one, as the batch never shrinks)."""
+    calculator = megatron("core.num_microbatches_calculator")
+    try:
+        for batch in range(1, min(consumed, megatron("training.global_vars").get_args().global_batch_size) + 1):
+            calculator.update_num_microbatches(consumed - batch, consistency_check=False)
+            if calculator.get_current_global_batch_size() == batch:
+                return batch
+    finally:
+        calculator.update_num_microbatches(consumed, consistency_check=False)
+    raise ValueError(f"no step of this run's batch sizes ends at {consumed} consumed samples")
+
+
 def state_at(model: Any, optimizer: Any, scheduler: Any, iteration: int, rng: Any, consumed: int,
              flops: float) -> dict[str, Any]:
     """What a save at ``iteration`` holds."""

@@ -48,8 +48,8 @@ from ft_plugins.recovery import (LOG, REFUSED, SAVE as SAVING, STEP, Standing, k
                                  resume_collection, resumption, supervised, worker_namespace)
 from ft_plugins.steps import FORWARD, IDLE, UPDATED
 from ft_plugins.torch import loop
-from ft_plugins.torch.handover import (Batches, Chunks, apply, instance_place, kept, receive, send, set_rng,
-                                       state_at, unsupported, without_load)
+from ft_plugins.torch.handover import (Batches, Chunks, apply, kept, receive, send, set_rng, state_at, step_samples,
+                                       unsupported, what_this_rank_holds, without_load)
 from ft_plugins.torch.regroup import Regroup, megatron_roots, require_successors
 from ft_plugins.torch.state import current_iteration, megatron
 from ft_plugins.torch.ttp import MegatronTtp
@@ -66,21 +66,6 @@ OUTCOME = {STEP: REPEAT, LOG: BEHIND, SAVING: SAVE}
 
 class Fallback(RuntimeError):
     """Recovery cannot work; the message says why."""
-
-
-def step_samples(consumed: int) -> int:
-    """The samples of the step that brought the run to ``consumed`` samples: the global batch, or under
-    ``--rampup-batch-size`` the batch Megatron's calculator gives at the step's start (``c`` with
-    ``c + batch(c) == consumed``: one, as the batch never shrinks)."""
-    calculator = megatron("core.num_microbatches_calculator")
-    try:
-        for batch in range(1, min(consumed, megatron("training.global_vars").get_args().global_batch_size) + 1):
-            calculator.update_num_microbatches(consumed - batch, consistency_check=False)
-            if calculator.get_current_global_batch_size() == batch:
-                return batch
-    finally:
-        calculator.update_num_microbatches(consumed, consistency_check=False)
-    raise Fallback(f"no step of this run's batch sizes ends at {consumed} consumed samples")
 
 
 class MegatronRecovery:
@@ -264,7 +249,7 @@ class MegatronRecovery:
                 self.joined = True
                 standings = self._standings(generation, world)
                 holds: list[Any] = [None] * world
-                dist.all_gather_object(holds, _what_this_rank_holds(self.objects[1]))
+                dist.all_gather_object(holds, what_this_rank_holds(self.objects[1]))
                 kinds = sorted(set(holds))
                 groups = [[r for r in range(world) if holds[r] == held] for held in kinds]
                 decided = plan(standings, groups)
@@ -445,17 +430,6 @@ class MegatronRecovery:
         lost = int(self._await(generation, "lost", "the launcher's announcement"))
         return {rank: Standing.decode(self._await(generation, f"state/{rank}", f"rank {rank}'s standing"))
                 for rank in range(world) if rank != lost}
-
-
-def _what_this_rank_holds(optimizer: Any) -> tuple[int, int, int | None]:
-    """Ranks with the same answer hold the same state: the first rank of the data-parallel group, the experts
-    (with expert parallelism the data-parallel ranks hold different experts), and with the distributed optimizer
-    the place in the optimizer instance (the shard of the parameter state)."""
-    import torch.distributed as dist
-
-    mpu = megatron("core.parallel_state")
-    members = dist.get_process_group_ranks(mpu.get_data_parallel_group(with_context_parallel=True))
-    return min(members), mpu.get_expert_model_parallel_rank(), instance_place(optimizer)
 
 
 def _holding_store(store: Any) -> Any:
