@@ -2,7 +2,8 @@
 
 Each process appends to a file of its own (``<host>-<pid>-<role>.jsonl``; a process forked or turned into
 another rank gets a new one), so no two writers share a file, in ``FT_PLUGINS_EVENTS_DIR`` or, by default,
-``<save>/ft_events`` (Megatron's ``--save`` on the command line); with neither, nothing is written. The first
+``<save>/ft_events`` (Megatron's ``--save`` on the command line); with neither, or with ``FT_PLUGINS=none``, nothing
+is written. The first
 line names the job (torchrun's ``--rdzv-id``, else the ``ft-plugins run`` launcher's pid), the role, the
 rank, the restart attempt and the replacement's life, so two jobs in one folder are told apart.
 
@@ -21,7 +22,7 @@ import sys
 import time
 from typing import Any, Mapping, Sequence
 
-from ft_plugins.config import EVENTS_JOB_VAR, EVENTS_VAR, RECOVERY_VAR, RESTART_VAR
+from ft_plugins.config import EVENTS_JOB_VAR, EVENTS_VAR, RECOVERY_VAR, RESTART_VAR, SELECT_VAR
 from ft_plugins.rank import env_rank
 
 FOLDER = "ft_events"
@@ -30,7 +31,10 @@ OFF = ("off", "none")  # FT_PLUGINS_EVENTS_DIR values that turn the events off
 
 
 def directory(env: Mapping[str, str], argv: Sequence[str]) -> str | None:
-    """Where this job's events go: ``FT_PLUGINS_EVENTS_DIR``, else ``<--save>/ft_events``; None: nowhere."""
+    """Where this job's events go: ``FT_PLUGINS_EVENTS_DIR``, else ``<--save>/ft_events``; None: nowhere, as under
+    ``FT_PLUGINS=none`` (ft_plugins writes nothing then)."""
+    if env.get(SELECT_VAR, "").strip().lower() == "none":
+        return None
     chosen = env.get(EVENTS_VAR, "").strip()
     if chosen:
         return None if chosen.lower() in OFF else chosen

@@ -14,7 +14,8 @@ survivor dumps the last completed step and the relaunch resumes from it. One lin
 lost, time to dump, time back to the step where the fault hit.
 Run 5 is the same fault under ``ft-plugins run`` with ``FT_PLUGINS=ttp,recover``: the job never
 stops. torchrun replaces only the lost worker, the survivor keeps its process and sends the new one
-the state of the last completed step, and the job ends with exit 0, no checkpoint read or written.
+the state of the last completed step, and the job ends with exit 0, no checkpoint read or written; then
+``ft-plugins report`` on its save directory: goodput, and what the fault cost.
 
     python examples/megatron_gpt/demo.py [--workdir DIR]
 """
@@ -70,6 +71,13 @@ def train(workdir: Path, simulate_ascend: bool, *extra: str, iters: int = 6, mus
     reports = {int(p.stem.split("_")[1]): json.loads(p.read_text())
                for p in sorted((workdir / "reports").glob("*.json"))}
     return result.returncode, reports, lines
+
+
+def show_command(*args: str) -> None:
+    """``ft-plugins ARGS``, run and shown as on a terminal."""
+    print(f"\n  $ ft-plugins {' '.join(args)}")
+    result = subprocess.run([sys.executable, "-m", "ft_plugins.cli", *args], capture_output=True, text=True)
+    print("\n".join(f"  {line}" for line in (result.stdout + result.stderr).splitlines()))
 
 
 def show_log(lines: list[str], *markers: str) -> None:
@@ -171,6 +179,8 @@ def in_place_act(workdir: Path, iters: int = 8, fault_step: int = 5) -> None:
     print(f"  exit code {code}; steps trained {steps[0] if steps else '-'}..{steps[-1] if steps else '-'} "
           f"({len(steps)} progress lines for {iters} steps); checkpoints written: {', '.join(written) or 'none'} "
           f"(only pretrain()'s final save); logs in {run}")
+    print("\n  what the fault cost, from the events every process of the job wrote beside its checkpoints:")
+    show_command("report", str(save))
 
 
 def main() -> None:
@@ -198,10 +208,7 @@ def main() -> None:
     damaged = crash_after_save(simulated / "checkpoints")
     print(f"\n== Run 3: restart after a crash that left {damaged.relative_to(simulated)} cut in half")
     print(f"  (tracker still says {(simulated / 'checkpoints' / 'latest_checkpointed_iteration.txt').read_text().strip()})")
-    print(f"\n  $ ft-plugins ckpt latest {simulated / 'checkpoints'} --json")
-    ckpt = subprocess.run([sys.executable, "-m", "ft_plugins.cli", "ckpt", "latest", str(simulated / "checkpoints"),
-                           "--json"], capture_output=True, text=True)
-    print("\n".join(f"  {line}" for line in ckpt.stdout.splitlines()))
+    show_command("ckpt", "latest", str(simulated / "checkpoints"), "--json")
     for copy in (alone, resumed):
         shutil.copytree(simulated / "checkpoints", copy / "checkpoints", dirs_exist_ok=True)
     print("\n  Megatron alone (--no-ft-plugins-import), --load checkpoints:")

@@ -168,6 +168,16 @@ def test_plot_without_matplotlib_says_how_to_install_it(tmp_path: Path, capsys: 
     assert err.strip() == "ft-plugins report: --plot needs matplotlib: pip install 'ft-plugins[report]'"
 
 
+def test_events_go_beside_the_checkpoints_unless_placed_elsewhere_or_ft_plugins_is_off() -> None:
+    argv = ["pretrain_gpt.py", "--save", "/ckpt", "--lr", "1"]
+    assert events.directory({}, argv) == "/ckpt/ft_events"
+    assert events.directory({}, ["train.py", "--save=/ckpt"]) == "/ckpt/ft_events"
+    assert events.directory({"FT_PLUGINS_EVENTS_DIR": "/elsewhere"}, argv) == "/elsewhere"
+    assert events.directory({"FT_PLUGINS_EVENTS_DIR": "off"}, argv) is None
+    assert events.directory({"FT_PLUGINS": "none"}, argv) is None
+    assert events.directory({}, ["train.py"]) is None
+
+
 def test_a_process_keeps_its_steps_in_memory_and_writes_them_at_its_end(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FT_PLUGINS_EVENTS_DIR", str(tmp_path))
