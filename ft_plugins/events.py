@@ -75,7 +75,7 @@ class Recorder:
         self.pid, self.rank = os.getpid(), None if role == "launcher" else env_rank(env)
         self.path = os.path.join(folder, f"{socket.gethostname()}-{self.pid}-{role}.jsonl")
         self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        self.steps: list[str] = []
+        self.steps: list[tuple[int, float, float]] = []  # (step, start, end): made into lines when written
         self.flushed = time.time()
         generation, _, life = env.get(RECOVERY_VAR, "").partition(",")
         run_id = env.get("TORCHELASTIC_RUN_ID", "none")
@@ -91,7 +91,7 @@ class Recorder:
 
     def step(self, step: int, started: float) -> None:
         now = time.time()
-        self.steps.append(f'{{"t": {started:.4f}, "ev": "step", "step": {step}, "end": {now:.4f}}}\n')
+        self.steps.append((step, started, now))
         if now - self.flushed > FLUSH_EVERY:
             self.flush()
 
@@ -99,7 +99,8 @@ class Recorder:
         lines, self.steps = self.steps, []
         self.flushed = time.time()
         if lines:
-            os.write(self.fd, "".join(lines).encode())
+            os.write(self.fd, "".join(f'{{"t": {started:.4f}, "ev": "step", "step": {step}, "end": {end:.4f}}}\n'
+                                      for step, started, end in lines).encode())
 
 
 _recorder: Recorder | None = None
