@@ -11,22 +11,17 @@ they are of a ~5 ms step, and the median of the rounds' ratios of step times on 
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_step_overhead import WORK_SECONDS, _install_stand_ins, _make_step, _time_steps  # noqa: E402
+from bench_step_overhead import WORK_SECONDS, _install_stand_ins, _make_step, _options, _time_steps  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--steps", type=int, default=200)
-    options = parser.parse_args()
-
+    options = _options(__doc__)
     training = _install_stand_ins()
     training.train = lambda *args, **kwargs: None
     os.environ.update(FT_PLUGINS_LOG="error", RANK="0")

@@ -70,11 +70,16 @@ def _time_steps(step, steps: int) -> float:
     return (time.perf_counter() - start) / steps
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def _options(doc: str) -> argparse.Namespace:
+    """``--rounds`` and ``--steps``, what every per-step benchmark on this stand-in takes."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--steps", type=int, default=200)
-    options = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    options = _options(__doc__)
 
     training = _install_stand_ins()
     os.environ["FT_PLUGINS_LOG"] = "error"
