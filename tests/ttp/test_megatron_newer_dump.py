@@ -1,7 +1,9 @@
 """``ttp``'s dump on megatron-core 0.19 (installed beside the suite's 0.17.1): a rank killed after 3 steps, the
 survivor's dump of step 3 committed and bit for bit the same run's own save of step 3, and a plain ``--load``
 relaunch goes on from it to the end. On 0.19 the dump failed before ``unwrap_model`` was looked up where that
-release keeps it (``megatron.core.utils``): nothing was saved."""
+release keeps it (``megatron.core.utils``): nothing was saved. ``recover`` with replicas on 0.19: 4 ranks, the
+distributed optimizer in the 2 instances ft_plugins sets, rank 1 lost and replaced in place from rank 3 (the same
+place of the other instance), the final save (``distrib_optim.pt`` included) the uninterrupted run's."""
 
 from __future__ import annotations
 
@@ -12,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from support import NEWER_MEGATRON, PYTHON
-from ttp_runs import ITERS, Job, Launch, committed_dump
+from support import NEWER_MEGATRON, PYTHON, assert_bit_identical
+from ttp_runs import ITERS, Job, Launch, committed_dump, run_supervised
 
 NEWER = Launch(2, env=(("PYTHONPATH", str(NEWER_MEGATRON)),))
 STEP = 3
@@ -56,3 +58,32 @@ def test_a_plain_load_relaunch_goes_on_from_the_dump_to_the_end(newer_dumped: Jo
     assert resumed.lines(f"loading checkpoint from {resumed.save} at iteration {STEP}")
     assert resumed.lines(f"iteration        {STEP + 1}/       {ITERS}")
     assert resumed.tracker() == str(ITERS)
+
+
+# recover with replicas on 0.19: DP=4, the distributed optimizer, ft_plugins' replicas (auto: 2 instances)
+REPLICATED = Launch(4, ("--micro-batch-size", "1", "--global-batch-size", "4", "--use-distributed-optimizer"),
+                    NEWER.env)
+
+
+@pytest.fixture(scope="module")
+def newer_recovered(tmp_path_factory: pytest.TempPathFactory) -> tuple[Job, Job]:
+    """The uninterrupted run (Megatron asked for the 2 instances ft_plugins sets) and the run with rank 1 lost."""
+    reference = REPLICATED.reference(tmp_path_factory.mktemp("newer_replicated_reference"), "--save-interval", "100",
+                                     "--num-distributed-optimizer-instances", "2")
+    recovered = run_supervised(tmp_path_factory.mktemp("newer_recovered"), REPLICATED, "--save-interval", "100",
+                               FT_PLUGINS="ttp,recover", FT_PLUGINS_INJECT_FAULT="rank=1,step=2,kind=kill")
+    return reference, recovered
+
+
+def test_recover_with_replicas_on_megatron_core_0_19_ends_bit_identical(newer_recovered: tuple[Job, Job]) -> None:
+    reference, recovered = newer_recovered
+    assert recovered.returncode == 0, recovered.output[-5000:]
+    assert f"{NEWER_MEGATRON.name}{os.sep}megatron{os.sep}" in recovered.output, "the run used 0.19"
+    assert recovered.lines("with 2 replicas over data-parallel size 4")
+    sent = recovered.lines("sent the state of step 2 (")
+    assert len(sent) == 1 and sent[0].endswith("to rank 1") and "rank 3 sent" in sent[0], sent  # the same place
+    final = f"iter_{ITERS:07d}/mp_rank_00"
+    assert _differences_under_0_19(recovered.save / final / "model_optim_rng.pt",
+                                   reference.save / final / "model_optim_rng.pt") == []
+    assert_bit_identical(reference.save / final / "distrib_optim.pt", recovered.save / final / "distrib_optim.pt",
+                         parts=None)
