@@ -7,8 +7,8 @@ stacks, ends it, and the job goes the way a death goes: with ``recover`` rank 1 
 ``ttp,resume`` and ``--max-restarts 1`` (rank 1 stuck inside its optimizer update of step 4: rank 0 had finished
 its own) rank 0 dumps step 4 and the restarted job resumes from it. Either way the
 job ends by itself, exit 0, its final save bit for bit the uninterrupted run's. In the ``recover`` run, rank 1's
-save of step 2 pauses 8 s first (rank 0 waits for it inside the save): past the step bound, within the save's, no
-hang. Without ft_plugins, the same hang is still waiting well past the time ft_plugins took.
+first step and its save of step 2 pause 8 s each first (rank 0 waits for it): past the step bound, within the
+warm-up's and the save's, no hang, and the slow first step does not raise the step bound. Without ft_plugins, the same hang is still waiting well past the time ft_plugins took.
 """
 
 from __future__ import annotations
@@ -32,14 +32,16 @@ BOUNDS = {"FT_PLUGINS_HANGS_FLOOR": "3", "FT_PLUGINS_HANGS_WARMUP": "120", "FT_P
 TWO = Launch(2)  # the shape of the shared 2-rank reference
 STUCK = f"rank=1,step={STEP},kind=stuck"
 STACK = "ft_plugins/faults.py"  # where the drill's stuck rank stands
+SLOW_FIRST = "rank=1,step=0,kind=slow,seconds=8"  # a first step of 8 s: compilation, say
 
 
 @pytest.fixture(scope="module")
 def recovered(tmp_path_factory: pytest.TempPathFactory) -> Job:
-    """recover in place; rank 1's save of step 2 slow (8 s), then rank 1 stuck in forward after 3 steps."""
+    """recover in place; rank 1's first step and its save of step 2 slow (8 s each), then rank 1 stuck in forward
+    after 3 steps."""
     return run_supervised(tmp_path_factory.mktemp("hang_recover"), TWO, "--save-interval", "2",
                           FT_PLUGINS="ttp,recover,hangs", **BOUNDS,
-                          FT_PLUGINS_INJECT_FAULT=f"rank=1,step=2,kind=slow,at=save,seconds=8;{STUCK}")
+                          FT_PLUGINS_INJECT_FAULT=f"{SLOW_FIRST};rank=1,step=2,kind=slow,at=save,seconds=8;{STUCK}")
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +82,11 @@ def test_a_save_slower_than_the_step_bound_is_no_hang(recovered: Job) -> None:
     assert len(ended) == 1 and f"in step of step {STEP + 1}" in ended[0], f"only the real hang was ended: {ended}"
     took = [float(ms) for ms in re.findall(r"save-checkpoint \.+: \(([\d.]+), ([\d.]+)\)", recovered.output)[0]]
     assert min(took) > 8000, "the save of step 2 took 8 s on both ranks, past the 3 s step bound"
+
+
+def test_a_slow_first_step_is_no_hang_and_teaches_no_bound(recovered: Job) -> None:
+    assert recovered.lines("firing injected fault rank=1,step=0,kind=slow,at=forward,attempt=0,seconds=8")
+    assert "(bound 3.0 s)" in _hung_lines(recovered)[0], "the 8 s warm-up step left the step bound at the floor"
 
 
 def test_a_hang_with_ttp_and_torchrun_restarts_dumps_restarts_and_resumes_bit_identical(
