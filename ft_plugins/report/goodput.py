@@ -71,10 +71,12 @@ def analyse(record: Record) -> Report:
     starts = [start for start, _, label, _ in spans if label in (TRAINING, RECOMPUTED)]
     spans.append((begin, min(starts, default=end), STARTUP, None))
     faults = _faults(record, events, steps, spans, end)
-    for process in record.processes:
-        opened = [event["t"] for event in process.of("save_start")]
-        for closed, started in zip(process.of("save_end"), opened):
-            spans.append((started, closed["t"], SAVES, process.rank))
+    for process in record.processes:  # a save's end closes the newest start before it (a save cut short has none)
+        opened = None
+        for event in process.of("save_start", "save_end"):
+            if event["ev"] == "save_end" and opened is not None:
+                spans.append((opened, event["t"], SAVES, process.rank))
+            opened = event["t"] if event["ev"] == "save_start" else None
     totals = _sweep(spans)
     for fault in faults:
         fault.at -= begin

@@ -1,6 +1,6 @@
-"""The job's timeline as a picture: one lane per rank (its steps, saves, and each fault's phases), the job's own
-lane for start-up; PNG or SVG by the file's name. matplotlib is the ``report`` extra: :class:`PlotUnavailable`
-says how to install it when it is missing."""
+"""The job's timeline as a picture: one lane per rank (its steps and saves; each fault's phases across every
+lane), the job's own lane for start-up; PNG or SVG by the file's name. matplotlib is the ``report`` extra:
+:class:`PlotUnavailable` says how to install it when it is missing."""
 
 from __future__ import annotations
 
@@ -29,9 +29,11 @@ def draw(report: Report, path: str) -> None:
     ranks = sorted({rank for _, _, _, rank in report.spans if rank is not None})
     lanes = {rank: index for index, rank in enumerate(["job", *ranks])}
     figure, axes = pyplot.subplots(figsize=(12, 1 + 0.5 * len(lanes)))
-    for start, stop, label, rank in report.spans:
-        lane = lanes["job" if rank is None else rank]
-        axes.broken_barh([(start, max(stop - start, 1e-3))], (lane - 0.4, 0.8), color=COLOURS[label])
+    whole_job = (DETECTION, DUMP, RESTART, IN_PLACE)  # what a fault costs, it costs every rank
+    for start, stop, label, rank in sorted(report.spans, key=lambda span: span[2] in whole_job):
+        own = [lanes["job" if rank is None else rank]]
+        for lane in [lanes[each] for each in ranks] if label in whole_job else own:
+            axes.broken_barh([(start, max(stop - start, 1e-3))], (lane - 0.4, 0.8), color=COLOURS[label])
     for fault in report.faults:
         axes.axvline(fault.at, color=COLOURS[DETECTION], linewidth=0.8, linestyle="--")
     axes.set_yticks(list(lanes.values()), [f"rank {rank}" if rank != "job" else "job" for rank in lanes])

@@ -39,8 +39,9 @@ def steps(first: int, last: int, at: float, seconds: float = 1.0) -> list[dict[s
 
 
 def in_place_job(folder: Path) -> None:
-    """2 ranks: set-up 2 s, steps 1-3 (1 s each), a save of 0.5 s, rank 1 killed at 5.6 s (noticed at 5.7 s),
-    repaired in place at 7.0 s (every rank stands at step 3), steps 4-5, end at 9 s."""
+    """2 ranks: set-up 2 s, steps 1-3 (1 s each), a save of 0.5 s (rank 1's save before the steps cut short),
+    rank 1 killed at 5.6 s (noticed at 5.7 s), repaired in place at 7.0 s (every rank stands at step 3), steps 4-5,
+    end at 9 s."""
     write(folder, "launcher", {"role": "launcher", "rank": None},
           {"t": 5.7, "ev": "fault", "rank": 1, "kind": "death", "code": -9, "noticed": "launcher"},
           {"t": 5.7, "ev": "replacement", "rank": 1, "generation": 1}, {"t": 9.0, "ev": "end"})
@@ -48,8 +49,8 @@ def in_place_job(folder: Path) -> None:
           {"t": 5.5, "ev": "save_end", "step": 3, "bytes": 100},
           {"t": 5.8, "ev": "caught", "generation": 1}, {"t": 6.9, "ev": "recovered", "generation": 1, "step": 3},
           *steps(4, 5, 7.0), {"t": 9.0, "ev": "end"})
-    write(folder, "rank1", {"rank": 1}, *steps(1, 3, 2.0), {"t": 5.0, "ev": "save_start", "step": 3},
-          {"t": 5.5, "ev": "save_end", "step": 3},
+    write(folder, "rank1", {"rank": 1}, {"t": 1.0, "ev": "save_start", "step": 0},  # cut short: no end
+          *steps(1, 3, 2.0), {"t": 5.0, "ev": "save_start", "step": 3}, {"t": 5.5, "ev": "save_end", "step": 3},
           {"t": 5.6, "ev": "fault", "rank": 1, "kind": "death", "completed": 3, "noticed": "injected"})
     write(folder, "rank1-new", {"rank": 1, "at": 5.75, "generation": 1, "life": 1},
           {"t": 7.0, "ev": "recovered", "generation": 1, "step": 3}, *steps(4, 5, 7.0), {"t": 9.0, "ev": "end"})
