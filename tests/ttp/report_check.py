@@ -25,12 +25,14 @@ def report(job: Job) -> dict:
 
 
 def measured(job: Job, completed: int) -> float:
-    """Seconds from the fault in the step after ``completed`` steps to training again, from the iteration lines."""
+    """Seconds from the fault in the step after ``completed`` steps to training again, from the iteration lines: the
+    next step's line (the last one logged: after a restart) or, when that step is never logged (its state came from a
+    dump), the first step logged after it."""
     times: dict[int, list[float]] = {}
     for stamp, step in LINE.findall(job.output):
         times.setdefault(int(step), []).append(datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S.%f").timestamp())
     step = min(times[n + 1][0] - times[n][-1] for n in times if n + 1 in times and times[n + 1][0] > times[n][-1])
-    return times[completed + 1][-1] - times[completed][0] - step
+    return times[min(n for n in times if n > completed)][-1] - times[completed][0] - step
 
 
 def check_faults(job: Job, expected: list[tuple[int, str, str, int]]) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from report_check import check_faults
 from ttp_runs import ITERS, Job, Launch, run_supervised, same_as_reference
 from support import MEGATRON_EXAMPLE, TORCHRUN, free_port
 
@@ -100,6 +101,11 @@ def test_a_hang_with_ttp_and_torchrun_restarts_dumps_restarts_and_resumes_bit_id
     assert restarted.lines(f"loading checkpoint from {restarted.save} at iteration {STEP + 1}")
     assert same_as_reference(restarted, reference, STEP + 1) == []
     assert same_as_reference(restarted, reference, ITERS, rng=False) == []  # after a resume: see differences()
+
+
+def test_the_report_names_each_hang_killed_and_how_it_was_met(recovered: Job, restarted: Job) -> None:
+    check_faults(recovered, [(1, "hang", "hang kill, in place", STEP)])
+    check_faults(restarted, [(1, "hang", "hang kill, dump + restart", STEP)])
 
 
 def test_negative_control_without_ft_plugins_the_same_hang_is_still_waiting(tmp_path: Path) -> None:
