@@ -116,6 +116,8 @@ def start(role: str) -> None:
         os.environ.setdefault(EVENTS_JOB_VAR, job_id(argv))
     if _recorder is not None and _recorder.pid == os.getpid() and (role == "launcher" or _recorder.rank == env_rank()):
         return
+    if _recorder is not None:  # a forked copy's, or the rank's this process was before: its own file from here
+        os.close(_recorder.fd)
     folder = directory(os.environ, argv)
     try:
         _recorder = Recorder(folder, role, os.environ) if folder else None
