@@ -1,14 +1,14 @@
 """What happened in a job, when, written by every process for ``ft-plugins report``: one JSON object a line.
 
-Each process appends to a file of its own (``<host>-<pid>-<role>.jsonl``; a process forked or turned into
-another rank gets a new one), so no two writers share a file, in ``FT_PLUGINS_EVENTS_DIR`` or, by default,
-``<save>/ft_events`` (Megatron's ``--save`` on the command line); with neither, or with ``FT_PLUGINS=none``, nothing
-is written. The first
-line names the job (torchrun's ``--rdzv-id``, else the ``ft-plugins run`` launcher's pid), the role, the
-rank, the restart attempt and the replacement's life, so two jobs in one folder are told apart.
+Each process appends to a file of its own (``<host>-<pid>-<role>.jsonl``; a process forked or turned into another
+rank gets a new one), so no two writers share a file, in ``FT_PLUGINS_EVENTS_DIR`` or, by default,
+``<save>/ft_events`` (Megatron's ``--save``, or a Hugging Face script's ``--output_dir``, on the command line);
+with neither, or with ``FT_PLUGINS=none``, nothing is written. The first line names the job (torchrun's
+``--rdzv-id``, else the ``ft-plugins run`` launcher's pid), the role, the rank, the restart attempt and the
+replacement's life, so two jobs in one folder are told apart.
 
-A rare event (a fault, a save, a recovery phase) is written at once: the process may be killed the next
-moment. Steps are kept in memory and written every :data:`FLUSH_EVERY` seconds, at exit and before
+A rare event (a fault, a save, a recovery phase) is written at once: the process may be killed the next moment.
+Steps are kept in memory and written every :data:`FLUSH_EVERY` seconds, at exit and before
 :func:`ft_plugins.logs.exit_now`: a step costs a clock read and a list append. Never raises into training.
 """
 
@@ -31,14 +31,15 @@ OFF = ("off", "none")  # FT_PLUGINS_EVENTS_DIR values that turn the events off
 
 
 def directory(env: Mapping[str, str], argv: Sequence[str]) -> str | None:
-    """Where this job's events go: ``FT_PLUGINS_EVENTS_DIR``, else ``<--save>/ft_events``; None: nowhere, as under
-    ``FT_PLUGINS=none`` (ft_plugins writes nothing then)."""
+    """Where this job's events go: ``FT_PLUGINS_EVENTS_DIR``, else ``<--save>/ft_events`` (Megatron), else
+    ``<--output_dir>/ft_events`` (Hugging Face scripts); None: nowhere, as under ``FT_PLUGINS=none`` (ft_plugins
+    writes nothing then)."""
     if env.get(SELECT_VAR, "").strip().lower() == "none":
         return None
     chosen = env.get(EVENTS_VAR, "").strip()
     if chosen:
         return None if chosen.lower() in OFF else chosen
-    save = option(argv, "--save")
+    save = option(argv, "--save") or option(argv, "--output_dir") or option(argv, "--output-dir")
     return os.path.join(save, FOLDER) if save else None
 
 

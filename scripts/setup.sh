@@ -49,6 +49,17 @@ if [ ! -f "$NEWER_MEGATRON/.installed" ]; then
   echo "installed megatron-core 0.19.0 + triton in $NEWER_MEGATRON: $((SECONDS - started)) s," \
     "$(du -sh "$NEWER_MEGATRON" | cut -f1)"
 fi
+# The newest transformers beside the pinned 4.57 (never on sys.path unless a test puts it there): the Trainer
+# tests of the 5.x line (tests/hf/test_transformers_5.py) run against it.
+NEWER_TRANSFORMERS="$VENV/transformers-5"
+transformers_want="$(sha256sum < scripts/requirements-transformers-5.txt | cut -d' ' -f1)"
+if [ "$(cat "$NEWER_TRANSFORMERS/.installed" 2>/dev/null)" != "$transformers_want" ]; then
+  rm -rf "$NEWER_TRANSFORMERS"
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --only-binary=:all: \
+    --target "$NEWER_TRANSFORMERS" -r scripts/requirements-transformers-5.txt
+  echo "$transformers_want" > "$NEWER_TRANSFORMERS/.installed"
+  echo "installed transformers 5 in $NEWER_TRANSFORMERS"
+fi
 # The real MindCluster TaskD (its Python package and libtaskd.so), built offline from the vendored source
 # beside the repository; rebuilt only when that tarball or its build script changes. Never on sys.path:
 # under FT_PLUGINS=auto an importable taskd switches the taskd feature on everywhere, so only the tests

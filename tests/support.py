@@ -19,6 +19,7 @@ TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 MEGATRON_EXAMPLE = REPO / "examples" / "megatron_gpt" / "pretrain_gpt.py"
 # megatron-core 0.19 beside the venv's 0.17 (scripts/setup.sh installs it); put first on PYTHONPATH to use it
 NEWER_MEGATRON = Path(sys.prefix) / "megatron-core-0.19"
+NEWER_TRANSFORMERS = Path(sys.prefix) / "transformers-5"  # scripts/requirements-transformers-5.txt
 
 
 def old_mindio(root: Path) -> None:

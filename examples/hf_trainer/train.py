@@ -1,6 +1,6 @@
 """A tiny Hugging Face Trainer job (GPT-2 built from a config, synthetic tokens, CPU) for fault drills.
 
-    torchrun --nproc-per-node 2 train.py OUT [--steps 12] [--save-steps 4] [--limit N] [--final FILE]
+    torchrun --nproc-per-node 2 train.py OUT [--steps 12] [--save-steps 4] [--limit N] [--final FILE] [--jit-checkpoint]
 
 It resumes from ``OUT`` when a checkpoint is there (``resume_from_checkpoint=True``), trains with a
 constant learning rate (so a resumed run ends where an uninterrupted one does) and dropout on, and
@@ -42,13 +42,14 @@ def main() -> None:
     parser.add_argument("--save-steps", type=int, default=4)
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--final", default="")
+    parser.add_argument("--jit-checkpoint", action="store_true", help="transformers 5's SIGTERM save")
     options = parser.parse_args()
     set_seed(7)
     args = TrainingArguments(output_dir=options.out, max_steps=options.steps, save_steps=options.save_steps,
                              save_total_limit=options.limit, per_device_train_batch_size=2, learning_rate=1e-3,
                              lr_scheduler_type="constant", logging_steps=1, report_to=[], use_cpu=True,
                              ddp_backend="gloo", seed=7, disable_tqdm=True, dataloader_num_workers=0,
-                             save_safetensors=True)
+                             **({"enable_jit_checkpoint": True} if options.jit_checkpoint else {}))
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2))
     trainer = Trainer(model=model, args=args, train_dataset=Tokens())
     resume = os.path.isdir(options.out) and get_last_checkpoint(options.out) is not None

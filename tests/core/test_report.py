@@ -173,6 +173,8 @@ def test_events_go_beside_the_checkpoints_unless_placed_elsewhere_or_ft_plugins_
     argv = ["pretrain_gpt.py", "--save", "/ckpt", "--lr", "1"]
     assert events.directory({}, argv) == "/ckpt/ft_events"
     assert events.directory({}, ["train.py", "--save=/ckpt"]) == "/ckpt/ft_events"
+    assert events.directory({}, ["run_clm.py", "--output_dir", "/out"]) == "/out/ft_events"  # Hugging Face scripts
+    assert events.directory({}, ["train.py", "--output-dir=/out"]) == "/out/ft_events"
     assert events.directory({"FT_PLUGINS_EVENTS_DIR": "/elsewhere"}, argv) == "/elsewhere"
     assert events.directory({"FT_PLUGINS_EVENTS_DIR": "off"}, argv) is None
     assert events.directory({"FT_PLUGINS": "none"}, argv) is None

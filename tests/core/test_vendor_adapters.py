@@ -163,7 +163,7 @@ def test_a_version_stands_inside_or_outside_its_range() -> None:
 
 
 def test_the_suite_runs_the_releases_the_table_names_as_tested() -> None:
-    """Each release the table calls tested is one set-up pins (scripts/requirements.txt, scripts/setup.sh), and
+    """Each release the table calls tested is one set-up pins (scripts/requirements*.txt, scripts/setup.sh), and
     the oldest of them is the one installed here."""
     import importlib.metadata
 
@@ -171,7 +171,8 @@ def test_the_suite_runs_the_releases_the_table_names_as_tested() -> None:
 
     from ft_plugins.vendors import versions
 
-    pinned = (REPO / "scripts" / "requirements.txt").read_text() + (REPO / "scripts" / "setup.sh").read_text()
+    scripts = REPO / "scripts"
+    pinned = "".join(path.read_text() for path in [*scripts.glob("requirements*.txt"), scripts / "setup.sh"])
     for framework in versions.SUPPORTED:
         for release in framework.tested:
             assert f"{framework.distribution}=={release}" in pinned, (framework, release)

@@ -1,17 +1,17 @@
-"""Hugging Face ``Trainer`` and Accelerate: the features of ``import ft_plugins.torch``, hooked when
-transformers / accelerate are imported (before or after ft_plugins).
+"""Hugging Face ``Trainer`` and Accelerate: the features of ``import ft_plugins.torch``, hooked when transformers /
+accelerate are imported (before or after ft_plugins).
 
-One module per feature, each one patch set over the framework-neutral core: :mod:`.mstx`,
-:mod:`.taskd`, :mod:`.resume` (Trainer) and :mod:`.accelerate` (Accelerator), :mod:`.ttp`, and the
-fire drills of ``FT_PLUGINS_INJECT_FAULT`` (:mod:`.drill`); the faults drill is applied before ``ttp``,
-so ``ttp`` has seen the step (or the update) begin when a fault fires. The Trainer's own events (step begin /
-end) reach the features through :class:`FaultToleranceCallback`, which every Trainer gets once:
-added by the ``Trainer.__init__`` hook unless the user passed one already. With any feature on, a finished
-gloo job drains its collectives and destroys its process group at exit (:mod:`.clean_exit`).
+One module per feature, each one patch set over the framework-neutral core: :mod:`.mstx`, :mod:`.taskd`,
+:mod:`.resume` (Trainer) and :mod:`.accelerate` (Accelerator), :mod:`.ttp`, the job's events (:mod:`.recording`),
+and the fire drills of ``FT_PLUGINS_INJECT_FAULT`` (:mod:`.drill`); the faults drill is applied before ``ttp``, so
+``ttp`` has seen the step (or the update) begin when a fault fires. The Trainer's own events (step begin / end)
+reach the features through :class:`FaultToleranceCallback`, which every Trainer gets once: added by the
+``Trainer.__init__`` hook unless the user passed one already. With any feature on, a finished gloo job drains its
+collectives and destroys its process group at exit (:mod:`.clean_exit`).
 
-``import ft_plugins.torch`` runs in every training process, most of which never import transformers: the glue
-of ``resume``, of the fire drills and of the exit (with the checkpoint choice, the store agreement and the
-fault plans it brings) is imported when transformers or accelerate is, then patched as the others are.
+``import ft_plugins.torch`` runs in every training process, most of which never import transformers: the glue of
+``resume``, of the fire drills and of the exit (with the checkpoint choice, the store agreement and the fault plans
+it brings) is imported when transformers or accelerate is, then patched as the others are.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import logging
 import os
 from typing import Any, Callable
 
+from ft_plugins import events as job_events
 from ft_plugins.config import INJECT_VAR
 from ft_plugins.features.mstx import Mstx
 from ft_plugins.features.resume import Resume
@@ -69,6 +70,10 @@ class HFIntegration:
             from ft_plugins.torch.hf.ttp import TrainerDump
 
             self._add("ttp", TrainerDump(ttp))
+        if job_events.recording():
+            from ft_plugins.torch.hf.recording import TrainerEvents
+
+            self._add("events", TrainerEvents())
         self.clean_exit: Any = None
         if self.patch_sets:
             self.patch_sets.append(PatchSet("callback", (Patch(TRAINER, "Trainer.__init__", _add_callback),),

@@ -18,7 +18,8 @@ from typing import Any, Callable
 from ft_plugins.features.resume import Resume
 from ft_plugins.patching import Patch
 from ft_plugins.torch.hf.agree import barrier
-from ft_plugins.torch.hf.resume import Chooser, _number, committed
+from ft_plugins.torch.hf.resume import Chooser
+from ft_plugins.torch.hf.rotation import committed, number
 from ft_plugins.torch.hf.targets import ACCELERATOR
 
 log = logging.getLogger("ft_plugins.resume")
@@ -31,7 +32,7 @@ def _folders(directory: str) -> list[str]:
     except FileNotFoundError:
         return []
     paths = [os.path.join(directory, name) for name in names if os.path.isdir(os.path.join(directory, name))]
-    return sorted((path for path in paths if _number(path) >= 0), key=_number)
+    return sorted((path for path in paths if number(path) >= 0), key=number)
 
 
 class AcceleratorResume:
@@ -51,7 +52,7 @@ class AcceleratorResume:
             self._commit(accelerator, os.fspath(output_dir) if output_dir is not None else None)
             return result
         root = os.path.join(accelerator.project_dir, "checkpoints")
-        on_disk = [_number(path) for path in _folders(root)]
+        on_disk = [number(path) for path in _folders(root)]
         if on_disk and project.iteration <= max(on_disk):
             if accelerator.is_main_process:
                 log.info("resume: Accelerate's checkpoint counter continues at %d (checkpoint_%d is on disk)",

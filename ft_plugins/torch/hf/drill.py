@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from ft_plugins import faults
 from ft_plugins.patching import Patch
-from ft_plugins.torch.hf.resume import _number
+from ft_plugins.torch.hf.rotation import number
 from ft_plugins.torch.hf.targets import CHECKPOINTING, OPTIMIZER, TRAINER
 
 
@@ -45,5 +45,5 @@ class TrainerDrill:
         return wrapped(*args, **kwargs)
 
     def save_state(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-        self._drill.reached("save", _number(os.fspath(kwargs.get("output_dir", args[0] if args else ""))))
+        self._drill.reached("save", number(os.fspath(kwargs.get("output_dir", args[0] if args else ""))))
         return wrapped(*args, **kwargs)

@@ -15,32 +15,18 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from ft_plugins.checkpoint.errors import NoIntactCheckpoint
 from ft_plugins.features import resume as resume_feature
 from ft_plugins.patching import Patch
 from ft_plugins.torch.hf.agree import agree, barrier
+from ft_plugins.torch.hf.rotation import Rotation
 from ft_plugins.torch.hf.targets import TRAINER, TRAINER_UTILS
 
 log = logging.getLogger("ft_plugins.resume")
 
 INCOMPLETE_MARKER = "checkpoint-is-incomplete.txt"  # transformers v5's just-in-time save
-STEP = re.compile(r"checkpoint[-_](\d+)$")
-
-
-def committed(path: str) -> bool:
-    """Whether the save at ``path`` has its commit manifest (the checkpoint package loads on first use)."""
-    from ft_plugins.checkpoint.manifest import MANIFEST
-
-    return os.path.exists(os.path.join(path, MANIFEST))
-
-
-def _number(path: str) -> int:
-    match = STEP.search(os.path.basename(os.path.normpath(path)))
-    return int(match.group(1)) if match else -1
 
 
 class Chooser:
@@ -103,13 +89,13 @@ class TrainerResume:
     def __init__(self, feature: resume_feature.Resume) -> None:
         self.feature = feature
         self.chooser = Chooser(feature)
-        self._saving = False
+        self.rotation = Rotation(feature)
 
     def patches(self) -> tuple[Patch, ...]:
         return (Patch(TRAINER_UTILS, "get_last_checkpoint", self.get_last_checkpoint),
                 Patch(TRAINER, "Trainer.train", self.train),
                 Patch(TRAINER, "Trainer._save_checkpoint", self.save_checkpoint),
-                Patch(TRAINER, "Trainer._rotate_checkpoints", self.rotate_checkpoints))
+                *self.rotation.patches())
 
     def get_last_checkpoint(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         folder = kwargs.get("folder", args[0] if args else None)
@@ -129,26 +115,17 @@ class TrainerResume:
         checkpoint = os.path.join(run_dir, f"checkpoint-{trainer.state.global_step}")
         if trainer.args.should_save:
             _clear_stale_records(checkpoint)
-        self._saving = True
+        self.rotation.held = True
         try:
             result = wrapped(*args, **kwargs)
         finally:
-            self._saving = False
+            self.rotation.held = False
         barrier()
         self.chooser.saves += 1
         if trainer.args.should_save:
             self.feature.commit(checkpoint)
-            trainer._rotate_checkpoints(use_mtime=True, output_dir=run_dir)
+            self.rotation.after_commit(trainer, run_dir)
         return result
-
-    def rotate_checkpoints(self, wrapped: Callable[..., Any], trainer: Any, args: tuple, kwargs: dict) -> Any:
-        if self._saving:
-            return None  # held back until every rank finished and the save is committed
-        output_dir = kwargs.get("output_dir", args[1] if len(args) > 1 else None) or trainer.args.output_dir
-        if not self.feature.settings["manifest"]:
-            return wrapped(*args, **kwargs)
-        with _protected(trainer, os.fspath(output_dir)) as allowed:
-            return wrapped(*args, **kwargs) if allowed else None
 
 
 def _clear_stale_records(checkpoint: str) -> None:
@@ -161,34 +138,3 @@ def _clear_stale_records(checkpoint: str) -> None:
             os.unlink(os.path.join(checkpoint, name))
         except FileNotFoundError:
             pass
-
-
-@contextmanager
-def _protected(trainer: Any, output_dir: str) -> Iterator[bool]:
-    """For one rotation: the newest intact checkpoint sorts last (never deleted); False when a newer
-    checkpoint is uncommitted (a save still under way, or one that never finished: nothing is deleted)."""
-    from ft_plugins.checkpoint import find_latest
-
-    sorted_checkpoints = trainer._sorted_checkpoints
-    everything = sorted_checkpoints(output_dir=output_dir)
-    newest = find_latest(output_dir, "hf").path
-    floor = _number(newest) if newest else -1
-    uncommitted = sorted((path for path in everything if _number(path) > floor and not committed(path)), key=_number)
-    if uncommitted:
-        log.warning("resume: no checkpoint rotated: %s is not committed%s", uncommitted[-1],
-                    f" (newest intact: {newest})" if newest else "")
-        yield False
-        return
-
-    def keeping_newest(*args: Any, **kwargs: Any) -> list[str]:
-        found = sorted_checkpoints(*args, **kwargs)
-        if newest is not None and newest in found:
-            found.remove(newest)
-            found.append(newest)
-        return found
-
-    trainer._sorted_checkpoints = keeping_newest
-    try:
-        yield True
-    finally:
-        del trainer._sorted_checkpoints

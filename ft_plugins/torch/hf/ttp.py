@@ -20,17 +20,19 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ft_plugins import events
 from ft_plugins.checkpoint import commit as commit_checkpoint
 from ft_plugins.faults import RESTART_VAR
 from ft_plugins.features.ttp import Ttp
 from ft_plugins.patching import Patch
 from ft_plugins.steps import FORWARD, IDLE, Frozen, StepTracker
 from ft_plugins.rank import global_rank
-from ft_plugins.torch.hf.resume import committed
+from ft_plugins.torch.hf.rotation import committed
 from ft_plugins.torch.hf.rng import RngState, restore
 from ft_plugins.torch.hf.rng_files import PEER_WAIT, gather, offer, own_file, write_files
 from ft_plugins.torch.hf.targets import TRAINER
@@ -68,6 +70,7 @@ class TrainerDump:
         if self._refusal:
             log.warning("ttp: the builtin engine is off for this run: %s", self._refusal)
             return wrapped(*args, **kwargs)
+        _stand_down_jit_checkpoint(trainer)
         self.gasp.watch_sigterm()
         try:
             return wrapped(*args, **kwargs)
@@ -135,8 +138,9 @@ class TrainerDump:
             shutil.rmtree(final)
         os.replace(staging, final)
         self.feature.saves.append(final)
-        log.warning("ttp: %s: rank %d dumped %s in %.0f ms; committed", reason, global_rank(), final,
-                    (time.monotonic() - started) * 1000)
+        seconds = time.monotonic() - started
+        log.warning("ttp: %s: rank %d dumped %s in %.0f ms; committed", reason, global_rank(), final, seconds * 1000)
+        events.emit("dump", step=step, seconds=round(seconds, 4), committed=True)
 
 
 def _nothing_to_save(frozen: Frozen | None) -> str:
@@ -171,6 +175,21 @@ def _write_checkpoint(trainer: Any, directory: str, rng: dict[str, Any]) -> None
             else:
                 trainer.state.stateful_callbacks[name] = state
     trainer.state.save_to_json(os.path.join(directory, TRAINER_STATE_NAME))
+
+
+def _stand_down_jit_checkpoint(trainer: Any) -> None:
+    """transformers 5's ``enable_jit_checkpoint`` saves on SIGTERM too; one saver acts, never both. The dump
+    stays: it also saves on a peer's loss, where a survivor blocked in a collective never reaches the step
+    callback the just-in-time save waits for, and it writes at once, not ``kill_wait`` seconds later."""
+    for callback in getattr(trainer.callback_handler, "callbacks", ()):
+        manager = getattr(callback, "jit_manager", None)
+        if manager is None:
+            continue
+        callback.jit_manager = None
+        if signal.getsignal(signal.SIGTERM) == getattr(manager, "_sigterm_handler", None):
+            signal.signal(signal.SIGTERM, getattr(manager, "_original_sigterm_handler", None) or signal.SIG_DFL)
+        log.warning("ttp: transformers' enable_jit_checkpoint stands down: ttp's dump saves on SIGTERM (and on a "
+                    "peer's loss)")
 
 
 def _unsupported(trainer: Any) -> str:
