@@ -180,3 +180,23 @@ def test_the_suite_runs_the_releases_the_table_names_as_tested() -> None:
         if framework.tested:
             installed = importlib.metadata.version(framework.distribution).split("+")[0]  # torch's +cpu
             assert installed == framework.tested[0], framework
+
+
+def test_the_extras_ask_for_the_oldest_release_the_table_supports() -> None:
+    """``pip install 'ft-plugins[mindspore]'`` must not accept a release the features turn themselves off on."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    from support import REPO
+
+    from ft_plugins.vendors import versions
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    bounds = {}
+    for requirement in (Requirement(line) for lines in extras.values() for line in lines):
+        framework = versions.BY_NAME.get(requirement.name)
+        if framework is not None and requirement.specifier:
+            bounds[requirement.name] = {spec.version for spec in requirement.specifier if spec.operator == ">="}
+            assert bounds[requirement.name] == {framework.oldest}, (requirement, framework.oldest)
+    assert {"torch", "mindspore", "mindformers"} <= set(bounds)
