@@ -95,6 +95,18 @@ def test_the_readme_is_a_front_page_with_the_two_commands() -> None:
     assert "scripts/setup.sh" in (REPO / "scripts" / "demo.sh").read_text()
 
 
+def test_the_cli_reference_in_the_repository_is_the_parsers_help() -> None:
+    """docs/reference/cli.md reads on any forge, not only on the built site: it must say what the code does."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("reference_hook", REPO / "docs" / "hooks" / "reference.py")
+    assert spec is not None and spec.loader is not None
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    page = REPO / "docs" / hook.CLI_PAGE
+    assert page.read_text() == hook.cli_markdown(), f"{page} is out of date: run python docs/hooks/reference.py"
+
+
 def test_the_readme_states_the_supported_versions_of_the_code() -> None:
     assert versions.table() in (REPO / "README.md").read_text()
 

@@ -3,7 +3,9 @@ drift from it.
 
 - ``<!-- generated: options -->``: every ``FT_PLUGINS*`` variable, and each feature's ``Option`` declarations;
 - ``<!-- generated: versions -->``: the supported versions (``ft_plugins.vendors.versions``);
-- ``reference/cli.md``: the help of every ``ft-plugins`` command, from its argparse parser;
+- ``reference/cli.md``, kept in the repository so that it reads anywhere: the help of every ``ft-plugins``
+  command, from its argparse parser; ``python docs/hooks/reference.py`` rewrites it, and the suite fails while it
+  differs from the code;
 - ``index.md``, ``changelog.md``, ``architecture.md``, ``patch-recipes.md``: the repository's README, CHANGELOG,
   ARCHITECTURE and ``patches/README.md``, their links rewritten for the site, so each text is kept in one place.
 """
@@ -53,7 +55,7 @@ def options_markdown() -> str:
         (LOG_VAR, ", ".join(f"`{level}`" for level in LOG_LEVELS), "`info`"),
         (INJECT_VAR, fire, "unset"),
         (EVENTS_VAR, "the folder every process writes the job's events to, for `ft-plugins report`; `off`: none",
-         "`<--save>/ft_events`, else none"),
+         "`<--save>/ft_events`, else `<--output_dir>/ft_events`, else none"),
     ]
     lines = ["## Variables", "", "| variable | values | default |", "| --- | --- | --- |"]
     lines += [f"| `{name}` | {_cell(values)} | {default} |" for name, values, default in general]
@@ -83,7 +85,7 @@ def cli_markdown() -> str:
     """One section per command: its usage, arguments and help, exactly as ``--help`` prints them."""
     sections = ["# CLI reference", "",
                 "Every `ft-plugins` command as `--help` prints it, written from the argument parsers in "
-                "`ft_plugins/cli/` when the site is built. Exit codes: 0 success, 1 failure, 2 usage error, "
+                "`ft_plugins/cli/` by `python docs/hooks/reference.py`. Exit codes: 0 success, 1 failure, 2 usage error, "
                 "3 nothing suitable found or refused."]
     for parser in _parsers(build_parser()):
         parser.formatter_class = functools.partial(parser.formatter_class, width=HELP_WIDTH)
@@ -120,9 +122,12 @@ def on_files(files: Any, config: Any) -> Any:
 
     for page in MIRRORED:
         files.append(File.generated(config, page, content=mirrored_markdown(page)))
-    files.append(File.generated(config, CLI_PAGE, content=cli_markdown()))
     return files
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     return re.sub(r"<!-- generated: (\w+) -->", lambda match: GENERATED[match.group(1)](), markdown)
+
+
+if __name__ == "__main__":
+    (ROOT / "docs" / CLI_PAGE).write_text(cli_markdown())
