@@ -20,7 +20,8 @@ pytest_plugins = ("skips_fail_in_ci",)
 # run is made once (``scripts/test.sh`` runs two workers); every other module is a group of its own, its
 # module-scoped runs made once too.
 SHARING = {
-    "ttp-4-ranks": ("ttp/test_recover.py", "ttp/test_mindio_recover.py", "ttp/test_model_parallel.py"),
+    "ttp-4-ranks": ("ttp/test_recover.py", "ttp/test_mindio_recover.py", "ttp/test_model_parallel.py",
+                    "ttp/test_hangs_4_ranks.py"),
     "ttp-2-ranks": ("ttp/test_builtin_engine.py", "ttp/test_mindio_engine.py", "ttp/test_auto_restart.py",
                     "ttp/test_one_decision.py", "ttp/test_recover_flags.py", "ttp/test_hangs.py"),
     "hf-trainer": ("hf/test_trainer_ttp.py", "hf/test_trainer_runs.py", "hf/test_trainer_hooks.py"),

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from ft_plugins.features.hangs import Bounds
-from ft_plugins.progress import BETWEEN, DATA, STEP, Record
+from ft_plugins.progress import BETWEEN, DATA, DUMP, RECOVERY, STEP, Record
 
 # where a main thread waits for its peers, its innermost frame: torch's collectives, the waits on Megatron's
 # gradient reductions and pipeline communication
@@ -25,6 +25,7 @@ WAIT_SITES = ("/torch/distributed/", "/megatron/core/distributed/param_and_grad_
 HANG, ALL, WAIT = "hang", "all", "wait"
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):$")
 _IN_STEP = (STEP, DATA)
+_CUT_SHORT = (DUMP, RECOVERY)  # what a step a fault interrupted goes to
 
 
 @dataclass
@@ -43,7 +44,8 @@ class Watch:
         last = self.record
         if last is not None and last.section in _IN_STEP and self.step_began is not None and (
                 record.step != last.step or record.section not in _IN_STEP):
-            bounds.learn(now - self.step_began, last.begun)
+            if record.section not in _CUT_SHORT:  # a step a fault ended waited for a peer: it teaches nothing
+                bounds.learn(now - self.step_began, last.begun)
             self.step_began = None
         if record.section in _IN_STEP and (last is None or last.step != record.step or last.section not in _IN_STEP):
             self.step_began = now

@@ -3,8 +3,9 @@
 ``at=forward`` fires as the step starts (before its forward pass), ``at=update`` inside the
 optimizer's own update (``step_with_ready_grads``), ``at=save`` as ``save_checkpoint`` of that
 iteration begins, ``at=data`` as the step takes its first batch from the data iterator, ``at=collective``
-as the step starts, a hang then blocking in a receive from a peer that never sends. Independent of the features: the same drill runs with ``FT_PLUGINS=none``, which
-is how a test shows what a fault costs without ft_plugins. Applied before ``ttp``'s hooks, so
+as the step starts, a hang then blocking in a receive from a peer that never sends. Independent of the
+features: the same drill runs with ``FT_PLUGINS=none``, which is how a test shows what a fault costs without
+ft_plugins. Applied before ``ttp``'s hooks, so
 ``ttp`` has seen the step begin (or the update begin) when a fault fires.
 """
 
@@ -28,7 +29,8 @@ class FaultDrill:
         self._drill.reached("forward", self._iteration)
         self._drill.reached("collective", self._iteration, _receive_from_nobody)
         if self._drill.plans("data", self._iteration) and len(args) > 1 and args[1] is not None:
-            args = (args[0], _Firing(args[1], lambda: self._drill.reached("data", self._iteration)), *args[2:])
+            args = (args[0], _fire_at_next_batch(args[1], lambda: self._drill.reached("data", self._iteration)),
+                    *args[2:])
         return wrapped(*args, **kwargs)
 
     def update(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -54,6 +56,15 @@ class _Firing:
     def __next__(self) -> Any:
         self._fire()
         return next(self._iterator)
+
+
+def _fire_at_next_batch(iterator: Any, fire: Callable[[], None]) -> Any:
+    """The step's data iterator, firing as its next batch is asked for. Megatron's replay wrapper
+    (``RerunDataIterator``, which ``train_step`` insists on) stays what the step gets: what it reads from is wrapped."""
+    if hasattr(iterator, "iterable"):
+        iterator.iterable = _Firing(iterator.iterable, fire)
+        return iterator
+    return _Firing(iterator, fire)
 
 
 def _receive_from_nobody() -> None:

@@ -13,12 +13,20 @@ log = logging.getLogger("ft_plugins.ttp")
 
 def claim(key: str) -> bool:
     """Whether this rank is the writer for ``key``: the first ``store.add`` on torchrun's store (which outlives
-    every worker) wins. Without a reachable store every survivor writes (each renames a whole file or
-    directory into place, so that is only wasted work)."""
+    every worker) wins. Without a reachable store every survivor writes.
+
+    The claim goes to the store under every prefix: each group generation of ``recover`` (and its holding
+    state) prefixes the default group's store differently, so survivors of different generations, claiming
+    through their own prefix, would each have won, and the first to commit the dump took the other's
+    half-written part into it."""
     try:
+        from torch.distributed import PrefixStore
         from torch.distributed.distributed_c10d import _get_default_store
 
-        return int(_get_default_store().add(key, 1)) == 1
+        store = _get_default_store()
+        while isinstance(store, PrefixStore):
+            store = store.underlying_store
+        return int(store.add(key, 1)) == 1
     except Exception as exc:
         log.debug("ttp: writer claim unavailable (%s: %s); writing anyway", type(exc).__name__, exc)
         return True

@@ -62,8 +62,10 @@ def test_the_launcher_learns_step_durations_from_the_reports_it_sees() -> None:
     watch.observe(_record(2, BETWEEN, 7), 40.0, bounds)  # a save is not a step
     watch.observe(_record(3, STEP, 8), 40.0, bounds)
     watch.observe(_record(4, STEP, 9), 42.0, bounds)  # the step's end not seen: the next one's start ends it
+    watch.observe(_record(4, RECOVERY, 10), 50.0, bounds)  # a fault ended it: 8 s waiting for a peer, not a step
+    watch.observe(_record(4, STEP, 11), 60.0, bounds)
     assert bounds.slowest == pytest.approx(2.0) and bounds.step() == pytest.approx(10.0)
-    assert watch.moved == 42.0 and watch.where() == "step of step 4"
+    assert watch.moved == 60.0 and watch.where() == "step of step 4"
 
 
 def test_a_report_of_another_process_or_an_unchanged_one_is_no_progress() -> None:

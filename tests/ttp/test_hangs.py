@@ -4,11 +4,14 @@ torchrun ...``, each against the uninterrupted run.
 Rank 1 gets stuck for good (deaf to SIGTERM, as a process in a driver call) after 3 completed steps; rank 0 then
 waits for it in the step's gradient all-reduce. The launcher finds it within the step bound (3 s here), logs its
 stacks, ends it, and the job goes the way a death goes: with ``recover`` rank 1 is replaced in place, with
-``ttp,resume`` and ``--max-restarts 1`` (rank 1 stuck inside its optimizer update of step 4: rank 0 had finished
-its own) rank 0 dumps step 4 and the restarted job resumes from it. Either way the
+``ttp,resume`` and ``--max-restarts 2`` (rank 1 stuck inside its optimizer update of step 4: rank 0 had finished
+its own) rank 0 dumps step 4 and the restarted job resumes from it; in that restarted job rank 1 then waits in a
+receive rank 0 never sends (a collective a peer never enters) while rank 0 waits for it in the all-reduce: every
+rank stalled in a collective, met by a second dump (of step 5) and restart. Either way the
 job ends by itself, exit 0, its final save bit for bit the uninterrupted run's. In the ``recover`` run, rank 1's
 first step and its save of step 2 pause 8 s each first (rank 0 waits for it): past the step bound, within the
-warm-up's and the save's, no hang, and the slow first step does not raise the step bound. Without ft_plugins, the same hang is still waiting well past the time ft_plugins took.
+warm-up's and the save's, no hang, and the slow first step does not raise the step bound. Without ft_plugins, the
+same hang is still waiting well past the time ft_plugins took.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ BOUNDS = {"FT_PLUGINS_HANGS_FLOOR": "3", "FT_PLUGINS_HANGS_WARMUP": "120", "FT_P
 TWO = Launch(2)  # the shape of the shared 2-rank reference
 STUCK = f"rank=1,step={STEP},kind=stuck"
 STACK = "ft_plugins/faults.py"  # where the drill's stuck rank stands
+COLLECTIVE = f"rank=1,step={ITERS - 1},kind=stuck,at=collective,attempt=1"  # the restarted job's second step
 SLOW_FIRST = "rank=1,step=0,kind=slow,seconds=8"  # a first step of 8 s: compilation, say
 
 
@@ -47,12 +51,14 @@ def recovered(tmp_path_factory: pytest.TempPathFactory) -> Job:
 
 @pytest.fixture(scope="module")
 def restarted(tmp_path_factory: pytest.TempPathFactory) -> Job:
-    """ttp's dump and torchrun's restart; rank 1 stuck inside its optimizer update after 3 steps."""
+    """ttp's dump and torchrun's restart; rank 1 stuck inside its optimizer update after 3 steps, then, in the
+    restarted job, stuck in a collective rank 0 never enters after 5 steps."""
     workdir = tmp_path_factory.mktemp("hang_restart")
     save = workdir / "ckpt"
     return run_supervised(workdir, TWO, "--load", str(save), "--save-interval", "100",
-                          launcher=("--standalone", "--max-restarts", "1"), FT_PLUGINS="ttp,resume,hangs", **BOUNDS,
-                          TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", FT_PLUGINS_INJECT_FAULT=f"{STUCK},at=update")
+                          launcher=("--standalone", "--max-restarts", "2"), FT_PLUGINS="ttp,resume,hangs", **BOUNDS,
+                          TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+                          FT_PLUGINS_INJECT_FAULT=f"{STUCK},at=update;{COLLECTIVE}")
 
 
 def _hung_lines(job: Job) -> list[str]:
@@ -103,9 +109,29 @@ def test_a_hang_with_ttp_and_torchrun_restarts_dumps_restarts_and_resumes_bit_id
     assert same_as_reference(restarted, reference, ITERS, rng=False) == []  # after a resume: see differences()
 
 
+def test_a_hang_in_a_collective_no_peer_enters_is_every_rank_stalled_met_by_dump_and_restart(
+        restarted: Job, reference: Job) -> None:
+    """Rank 1 waits in a receive rank 0 never sends, rank 0 for rank 1 in the gradient all-reduce: both wait in a
+    collective, nobody is missing from it, so no rank can be told the culprit. The job dumps and restarts as a whole,
+    never a replacement: torchrun's SIGTERM releases rank 0 (ttp dumps step 5 and it exits), and its exit releases
+    the deaf rank 1 (its receive fails)."""
+    assert restarted.returncode == 0, restarted.output[-4000:]
+    assert restarted.lines(f"firing injected fault {COLLECTIVE}")
+    stalled = restarted.lines("hangs: every rank stalled (2 ranks quiet")
+    assert len(stalled) == 1 and "every rank waits in a collective and none is missing from it here" in stalled[0]
+    assert f"in step of step {ITERS}" in stalled[0] and "no rank is replaced" in stalled[0]
+    stacks = restarted.output.split("hangs: stacks of rank 1:", 1)[1]
+    assert STACK in stacks and "_receive_from_nobody" in stacks, "the hung rank's stacks, where it waits"
+    assert restarted.lines(f"rank 0 dumped mp_rank_00 of iteration {ITERS - 1} in")
+    assert restarted.lines(f"loading checkpoint from {restarted.save} at iteration {ITERS - 1}")
+    assert same_as_reference(restarted, reference, ITERS - 1, rng=False) == []
+    assert restarted.tracker() == str(ITERS)
+
+
 def test_the_report_names_each_hang_killed_and_how_it_was_met(recovered: Job, restarted: Job) -> None:
     check_faults(recovered, [(1, "hang", "hang kill, in place", STEP)])
-    check_faults(restarted, [(1, "hang", "hang kill, dump + restart", STEP)])
+    check_faults(restarted, [(1, "hang", "hang kill, dump + restart", STEP),
+                             (1, "hang", "hang kill, dump + restart", ITERS - 1)])
 
 
 def test_negative_control_without_ft_plugins_the_same_hang_is_still_waiting(tmp_path: Path) -> None:
