@@ -309,10 +309,7 @@ class MindioRecovery:
 
 def _unsupported(info: dict[str, Any]) -> str:
     """Why this repair cannot be done here ("" when it can)."""
-    parsed = megatron_args()
-    if parsed.pipeline_model_parallel_size > 1:
-        return "pipeline parallelism is not repaired in place yet"
-    if why := unreplicated(parsed):
+    if why := unreplicated(megatron_args()):
         return why
     if any(kind != mindio.optimizer_type("ATTENTION") for kind in info.get("type", [])):
         return "expert (MoE) optimizer state is not repaired in place yet"
