@@ -1,6 +1,7 @@
 """In-place recovery with pipeline parallelism, in the shape of a production job: 8 ranks, TP=2 x PP=2 x DP=2, two
 virtual pipeline stages per rank (4 layers, one per model chunk: Megatron's interleaved schedule, one data iterator
-per chunk), bf16, Megatron's distributed optimizer in 2 instances (one per data-parallel replica),
+per chunk), fp16 with a dynamic loss scale that doubles every 2 steps (its scale, growth and hysteresis trackers move
+with the optimizer's state), Megatron's distributed optimizer in 2 instances (one per data-parallel replica),
 micro-batches of 1 so that two are in flight in each step; real ``ft-plugins run -- torchrun`` ``pretrain()`` on
 CPU/gloo against the uninterrupted run.
 
@@ -10,7 +11,8 @@ peers finish theirs (so every rank then stands at step 4). Each replacement rece
 same stage and tensor shard of the other replica; every survivor, in either stage, drops the micro-batches in flight
 and keeps its process. The final save (4 shards, model with the fp32 main parameters and moments in
 ``distrib_optim.pt``) is the uninterrupted run's bit for bit: rank 3's replacement trains four more steps, so main
-parameters it received inexactly would have reached every replica through the gradients.
+parameters it received inexactly would have reached every replica through the gradients, and rank 4's replacement
+writes its loss scaler into the final save.
 
 MindIO's recovery handlers on 4 ranks, PP=2 x DP=2, bf16 (its stand-in's controller picks each lost rank's source
 from the replica layouts the ranks reported): a rank lost in each stage, each repaired from its replica in the same
@@ -31,7 +33,8 @@ import pytest
 from support import assert_bit_identical, read_records
 from ttp_runs import ITERS, Job, Launch, mindio_env, run_supervised, same_as_reference
 
-PIPELINE = Launch(8, ("--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--bf16",
+PIPELINE = Launch(8, ("--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+                      "--fp16", "--initial-loss-scale", "4096", "--loss-scale-window", "2",
                       "--num-layers", "4", "--num-layers-per-virtual-pipeline-stage", "1",
                       "--micro-batch-size", "1", "--global-batch-size", "4",
                       "--use-distributed-optimizer", "--num-distributed-optimizer-instances", "2"),
