@@ -29,8 +29,8 @@ SHARING = {
 # The groups whose real multi-process runs take longest, longest first: they start first, so that the
 # run does not end with one of them running alone while the other worker idles.
 LONGEST_FIRST = (
-    "ttp-4-ranks", "hf-trainer", "ttp-2-ranks", "ttp/test_mixed_precision_recover.py", "ttp/test_replicated_dump.py",
-    "ttp/test_torch_dist.py", "ttp/test_pipeline_recover.py", "ttp/test_rampup_recover.py",
+    "ttp-4-ranks", "hf-trainer", "ttp-2-ranks", "ttp/test_pipeline_recover.py", "ttp/test_mixed_precision_recover.py",
+    "ttp/test_replicated_dump.py", "ttp/test_torch_dist.py", "ttp/test_rampup_recover.py",
     "ttp/test_moe_recover.py", "hf/test_transformers_5.py",
     "checkpoint/test_megatron.py",
     "mindspore/test_msrun.py", "launch/test_real_taskd.py", "torch_plugin/test_replica_option.py",

@@ -228,16 +228,27 @@ class Chunks:
         for member in self.members:
             member.finish(per_step)
 
+    def skip(self, count: int) -> None:
+        for member in self.members:
+            member.skip(count)
 
-def kept(iterator: Any) -> tuple[Batches | Chunks, Any]:
+
+def kept(iterator: Any, held: Batches | Chunks | None = None) -> tuple[Batches | Chunks, Any]:
     """``train``'s data iterator read through :class:`Batches` (one per model chunk with virtual pipeline
     stages), and what ``train`` is to be given instead: megatron's ``RerunDataIterator`` is kept, reading
-    through ours."""
+    through ours. ``held``: what an earlier call returned for the same iterator (MindIO calls ``train`` again
+    on the same objects), reused with the batches it keeps."""
     if isinstance(iterator, list):
-        members = [kept(member) for member in iterator]
+        earlier = held.members if isinstance(held, Chunks) else [None] * len(iterator)
+        members = [kept(member, before) for member, before in zip(iterator, earlier)]
         return Chunks([batches for batches, _ in members]), [given for _, given in members]
+    if isinstance(iterator, Batches):
+        return iterator, iterator
     if hasattr(iterator, "iterable"):
-        iterator.iterable = Batches(iterator.iterable)
+        if not isinstance(iterator.iterable, Batches):
+            iterator.iterable = Batches(iterator.iterable)
         return iterator.iterable, iterator
+    if isinstance(held, Batches) and held.source is iterator:
+        return held, held
     batches = Batches(iterator)
     return batches, batches

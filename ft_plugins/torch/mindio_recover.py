@@ -34,8 +34,8 @@ from ft_plugins.patching import Patch
 from ft_plugins.rank import global_rank, is_rank_zero
 from ft_plugins.recovery import key, worker_namespace
 from ft_plugins.torch import loop
-from ft_plugins.torch.handover import (Batches, apply, receive, send, set_rng, state_at, unreplicated,
-                                       without_load)
+from ft_plugins.torch.handover import (Batches, Chunks, apply, kept, receive, send, set_rng, state_at,
+                                       unreplicated, without_load)
 from ft_plugins.torch.regroup import Regroup, megatron_roots, require_successors
 from ft_plugins.torch.state import megatron, megatron_args
 from ft_plugins.vendors import mindio
@@ -63,7 +63,7 @@ class MindioRecovery:
         self.replacement = False
         self.stage = ""
         self.objects: tuple[Any, Any, Any] | None = None  # model, optimizer, scheduler
-        self.batches: Batches | None = None
+        self.batches: Batches | Chunks | None = None
         self.running = 0  # the step that was running when the failure came
         self.mine: tuple[int, Any, int, float] | None = None  # K, rng, consumed, flops; None when torn
         self.received: dict[str, Any] | None = None
@@ -100,13 +100,9 @@ class MindioRecovery:
         given = {**dict(zip(names, args)), **kwargs}
         self.objects = (given["model"], given["optimizer"], given["opt_param_scheduler"])
         iterator = given["train_data_iterator"]
-        if hasattr(iterator, "iterable"):  # megatron's RerunDataIterator: keep it, read through ours
-            if not isinstance(iterator.iterable, Batches):
-                iterator.iterable = Batches(iterator.iterable)
-            self.batches = iterator.iterable
-        elif iterator is not None:
-            self.batches = iterator if isinstance(iterator, Batches) else self.batches or Batches(iterator)
-            args, kwargs = loop.replaced(args, kwargs, 4, "train_data_iterator", self.batches)
+        self.batches, given_iterator = kept(iterator, self.batches)
+        if given_iterator is not iterator:
+            args, kwargs = loop.replaced(args, kwargs, 4, "train_data_iterator", given_iterator)
         if self.replacement:
             log.warning("recover: rank %s (pid %d) started by MindIO for a lost rank; waiting for its repair",
                         global_rank(), os.getpid())
@@ -313,10 +309,7 @@ class MindioRecovery:
 
 def _unsupported(info: dict[str, Any]) -> str:
     """Why this repair cannot be done here ("" when it can)."""
-    parsed = megatron_args()
-    if parsed.pipeline_model_parallel_size > 1:
-        return "pipeline parallelism is not repaired in place yet"
-    if why := unreplicated(parsed):
+    if why := unreplicated(megatron_args()):
         return why
     if any(kind != mindio.optimizer_type("ATTENTION") for kind in info.get("type", [])):
         return "expert (MoE) optimizer state is not repaired in place yet"

@@ -150,8 +150,7 @@ def wired(mindio: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any, Write
     for kind, handler in {"save_ckpt": driver.save, "rename": driver.rename, **recovery.handlers()}.items():
         getattr(mindio, f"tft_register_{kind}_handler")(handler)
     tracker.begin(FIRST, "step 3's payload")
-    monkeypatch.setattr(mindio_recover, "megatron_args", lambda: SimpleNamespace(
-        pipeline_model_parallel_size=1, use_distributed_optimizer=False))
+    monkeypatch.setattr(mindio_recover, "megatron_args", lambda: SimpleNamespace(use_distributed_optimizer=False))
     monkeypatch.setattr(mindio_recover, "_data_parallel", lambda: (None, [0, 1, 2, 3]))
     monkeypatch.setattr("torch.distributed.get_rank", lambda: 0)
     return arf, recovery, writer
@@ -192,11 +191,10 @@ def test_handlers_called_out_of_order_answer_the_failure_code_and_say_why_in_one
 @pytest.mark.parametrize("layout, info, why", [
     ({"use_distributed_optimizer": True}, {}, "megatron's distributed optimizer in one instance: a lost rank's "
      "optimizer shard has no other holder (FT_PLUGINS_TTP_REPLICAS=2, or --num-distributed-optimizer-instances 2)"),
-    ({"pipeline_model_parallel_size": 2}, {}, "pipeline parallelism is not repaired in place yet"),
     ({}, {"type": [1]}, "expert (MoE) optimizer state is not repaired in place yet"),
     ({}, {"repair_type": "load_ckpt"}, "repair type 'load_ckpt' (e.g. a checkpoint load) is not done in place"),
     ({}, {"dst": [5]}, "rank 5 outside this rank's data-parallel group [0, 1, 2, 3]: no replica of this state there"),
-], ids=["distributed-optimizer-one-instance", "pipeline", "moe", "checkpoint-load", "outside-the-group"])
+], ids=["distributed-optimizer-one-instance", "moe", "checkpoint-load", "outside-the-group"])
 def test_a_layout_the_handlers_cannot_repair_is_refused_then_mindios_dump_still_works(
         wired: tuple, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, layout: dict, info: dict,
         why: str) -> None:
@@ -204,7 +202,7 @@ def test_a_layout_the_handlers_cannot_repair_is_refused_then_mindios_dump_still_
     from ft_plugins.torch import mindio_recover
 
     monkeypatch.setattr(mindio_recover, "megatron_args", lambda: SimpleNamespace(
-        **{"pipeline_model_parallel_size": 1, "use_distributed_optimizer": False, **layout}))
+        **{"use_distributed_optimizer": False, **layout}))
     caplog.set_level(logging.ERROR, "ft_plugins.recover")
     recovery.stage = "rebuild_group"
     assert _answer(arf, "repair", _repair(**info)) == 1

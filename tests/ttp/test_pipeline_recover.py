@@ -1,16 +1,22 @@
-"""In-place recovery with pipeline parallelism, in the shape of a production job: 8 ranks, TP=2 x PP=2 x DP=2,
-two virtual pipeline stages per rank (4 layers, one per model chunk: Megatron's interleaved schedule, one data
-iterator per chunk), bf16, Megatron's distributed optimizer in 2 instances (one per data-parallel replica),
+"""In-place recovery with pipeline parallelism, in the shape of a production job: 8 ranks, TP=2 x PP=2 x DP=2, two
+virtual pipeline stages per rank (4 layers, one per model chunk: Megatron's interleaved schedule, one data iterator
+per chunk), fp16 with a dynamic loss scale that doubles every 2 steps (its scale, growth and hysteresis trackers move
+with the optimizer's state), Megatron's distributed optimizer in 2 instances (one per data-parallel replica),
 micro-batches of 1 so that two are in flight in each step; real ``ft-plugins run -- torchrun`` ``pretrain()`` on
 CPU/gloo against the uninterrupted run.
 
-One run, a rank lost in each stage: rank 3 (stage 0, tensor shard 1, replica 1) in the forward of step 2, and
-rank 4 (stage 1, tensor shard 0, replica 0, a writer of the final save) inside its optimizer update in step 4,
-when its peers finish theirs (so every rank then stands at step 4). Each replacement receives its state from the rank at the same stage and
-tensor shard of the other replica; every survivor, in either stage, drops the micro-batches in flight and keeps
-its process. The final save (4 shards, model with the fp32 main parameters and moments in ``distrib_optim.pt``)
-is the uninterrupted run's bit for bit: rank 3's replacement trains four more steps, so main parameters it
-received inexactly would have reached every replica through the gradients.
+One run, a rank lost in each stage: rank 3 (stage 0, tensor shard 1, replica 1) in the forward of step 2, and rank 4
+(stage 1, tensor shard 0, replica 0, a writer of the final save) inside its optimizer update in step 4, when its
+peers finish theirs (so every rank then stands at step 4). Each replacement receives its state from the rank at the
+same stage and tensor shard of the other replica; every survivor, in either stage, drops the micro-batches in flight
+and keeps its process. The final save (4 shards, model with the fp32 main parameters and moments in
+``distrib_optim.pt``) is the uninterrupted run's bit for bit: rank 3's replacement trains four more steps, so main
+parameters it received inexactly would have reached every replica through the gradients, and rank 4's replacement
+writes its loss scaler into the final save.
+
+MindIO's recovery handlers on 4 ranks, PP=2 x DP=2, bf16 (its stand-in's controller picks each lost rank's source
+from the replica layouts the ranks reported): a rank lost in each stage, each repaired from its replica in the same
+stage, the final save of both stages the uninterrupted run's bit for bit.
 
 Megatron's sequence parallelism needs Transformer Engine's or Apex's layer norm (its local spec's torch
 LayerNorm refuses it: "sequence parallel not supported by torch LayerNorm"), neither of which runs on CPU, so it
@@ -20,13 +26,15 @@ is not in this shape.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 
-from support import assert_bit_identical
-from ttp_runs import ITERS, Job, Launch, run_supervised, same_as_reference
+from support import assert_bit_identical, read_records
+from ttp_runs import ITERS, Job, Launch, mindio_env, run_supervised, same_as_reference
 
-PIPELINE = Launch(8, ("--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--bf16",
+PIPELINE = Launch(8, ("--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+                      "--fp16", "--initial-loss-scale", "4096", "--loss-scale-window", "2",
                       "--num-layers", "4", "--num-layers-per-virtual-pipeline-stage", "1",
                       "--micro-batch-size", "1", "--global-batch-size", "4",
                       "--use-distributed-optimizer", "--num-distributed-optimizer-instances", "2"),
@@ -71,3 +79,50 @@ def test_the_final_save_is_the_uninterrupted_runs_model_and_optimizer_state_bit_
         assert same_as_reference(recovered, reference, ITERS, shard=shard) == [], shard
         assert_bit_identical(reference.iteration(ITERS) / shard / "distrib_optim.pt",
                              recovered.iteration(ITERS) / shard / "distrib_optim.pt", parts=None)
+
+
+# MindIO's recovery handlers (its stand-in's controller in rank 0's process) on 4 ranks, PP=2 x DP=2, bf16:
+# [0, 1] stage 0, [2, 3] stage 1, each rank's data-parallel group its replica layout. Rank 1 (stage 0) is lost as
+# step 3 begins, rank 2 (stage 1) as step 5 begins; each is repaired from its replica in the same stage.
+MINDIO_PIPELINE = Launch(4, ("--pipeline-model-parallel-size", "2", "--bf16", "--micro-batch-size", "1",
+                             "--global-batch-size", "4"), (("CUDA_DEVICE_MAX_CONNECTIONS", "1"),))
+MINDIO_FAULTS = "rank=1,step=2,kind=kill;rank=2,step=4,kind=kill"
+
+
+@pytest.fixture(scope="module")
+def mindio_reference(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    return MINDIO_PIPELINE.reference(tmp_path_factory.mktemp("pipeline_mindio_reference"), "--save-interval", "100")
+
+
+@pytest.fixture(scope="module")
+def mindio_repaired(tmp_path_factory: pytest.TempPathFactory) -> tuple[Job, list[dict[str, Any]]]:
+    workdir = tmp_path_factory.mktemp("pipeline_mindio_repaired")
+    record = workdir / "mindio.jsonl"
+    job = run_supervised(workdir, MINDIO_PIPELINE, "--save-interval", "100", FT_PLUGINS="ttp,recover",
+                         **mindio_env(record), FT_PLUGINS_INJECT_FAULT=MINDIO_FAULTS)
+    return job, read_records(record)
+
+
+def test_mindios_handlers_repair_a_rank_lost_in_each_stage_from_its_replica_in_the_same_stage(
+        mindio_repaired: tuple[Job, list]) -> None:
+    job, calls = mindio_repaired
+    assert job.returncode == 0, job.output[-5000:]
+    assert len(job.lines("firing injected fault")) == 2
+    assert not [c for c in calls if c["api"].startswith("fake_processor_")], "no handler refused"
+    assert not job.lines("refused") and not job.lines("dumped") and not job.lines("loading checkpoint")
+    repairs = [c["args"][1] for c in calls if c["api"] == "fake_controller_repair"]
+    for source, lost, step in ((0, 1, 2), (3, 2, 4)):
+        assert any(f"'repair_type': 'send', 'src': [{source}], 'dst': [{lost}]" in repair for repair in repairs), \
+            repairs
+        assert job.lines(f"rank {source} sent the state of step {step} (")
+        assert job.lines(f"every rank stands at step {step}, training continues at step {step + 1}")
+    for rank in (0, 3):  # a survivor of both faults, in either stage, in its first process
+        assert len(set(re.findall(rf"MindIO stop on rank {rank} \(pid (\d+)\)", job.output))) == 1
+    assert [len(job.lines(f"iteration        {i}/       {ITERS}")) for i in range(1, ITERS + 1)] == [1] * ITERS
+
+
+def test_after_mindios_repairs_the_final_save_is_the_uninterrupted_runs_bit_for_bit(
+        mindio_repaired: tuple[Job, list], mindio_reference: Job) -> None:
+    job, _ = mindio_repaired
+    for shard in ("mp_rank_00_000", "mp_rank_00_001"):  # model, the fp32 main parameters and moments, counters
+        assert same_as_reference(job, mindio_reference, ITERS, shard=shard) == [], shard

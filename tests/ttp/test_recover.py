@@ -228,3 +228,26 @@ def test_virtual_pipeline_stages_keep_each_chunks_batches_and_read_them_again_to
     next(plain)
     batches.finish(3)  # each chunk read past the rest of the step's 3 batches
     assert [next(plain), next(rerun.iterable)] == [5, 105]
+
+
+def test_train_called_again_on_the_same_iterators_reuses_their_batches_with_the_step_kept() -> None:
+    """MindIO's exception handler calls ``train`` again on the objects it first gave: the second ``kept`` reads
+    through the same :class:`Batches` (a step's batches kept by the first are read again), for one iterator or one
+    per model chunk (megatron's RerunDataIterator among them); a replacement's chunks skip what was consumed."""
+    from types import SimpleNamespace
+
+    from ft_plugins.torch.handover import kept
+
+    def read(given: Any) -> list[int]:
+        return [next(getattr(member, "iterable", member)) for member in (given if isinstance(given, list) else [given])]
+
+    plain, rerun = iter(range(10)), SimpleNamespace(iterable=iter(range(100, 110)))
+    for iterator in (plain, [plain, rerun]):
+        first, given = kept(iterator)
+        first.begin_step()
+        before = read(given)
+        first.rewind()
+        assert read(kept(iterator, first)[1]) == before
+    chunks, given = kept([iter(range(10)), SimpleNamespace(iterable=iter(range(100, 110)))])
+    chunks.skip(4)
+    assert read(given) == [4, 104]

@@ -7,10 +7,11 @@ inside its own gloo group and writes ``model_optim_rng.pt`` and ``distrib_optim.
 uninterrupted run's save of that step; plain ``--load`` ends bit-identical. One rank killed in each
 instance: no instance can gather, nothing is committed, each survivor says why. The MindIO engine
 (with the fake) reports the layout, R=2 over the data-parallel ranks, and its dump after rank 1's loss
-is the same as the built-in engine's. In-place recovery (``recover`` under ``ft-plugins run``), one run,
-three faults (forward, a periodic save, an update): each replacement, and a survivor that could not finish
-its step, receives its shard from the rank at the same place of the other instance; the job ends with exit
-0, the save written again and the final save the uninterrupted run's, optimizer shards included; the same through
+is the same as the built-in engine's. In-place recovery (``recover`` under ``ft-plugins run``), one run
+launched as ``torchrun -m pretrain_gpt`` with a warm spare, three faults (forward, a periodic save, an update):
+each replacement, and a survivor that could not finish its step, receives its shard from the rank at the same
+place of the other instance; the spare template is SIGKILLed once it handed out its first spare; the job ends with
+exit 0, the save written again and the final save the uninterrupted run's, optimizer shards included; the same through
 MindIO's recovery handlers (the stand-in's controller picks rank 3 from the replica layout reported).
 """
 
@@ -18,6 +19,10 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import threading
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -112,14 +117,49 @@ def test_mindio_driven_dump_of_the_complete_instance_is_the_same(mindio_one_lost
 FAULTS = "rank=1,step=2,kind=kill;rank=0,step=3,kind=kill,at=save;rank=3,step=4,kind=kill,at=update"
 
 
+def _template_children(save: Path) -> tuple[int, int] | None:
+    """The spare template of the job saving to ``save``: (pid, how many children), or None while there is none."""
+    for proc in Path("/proc").iterdir():
+        try:
+            command = (proc / "cmdline").read_bytes().split(b"\0") if proc.name.isdigit() else []
+            if b"ft_plugins.launch.spare" in command and str(save).encode() in command:
+                return int(proc.name), len((proc / "task" / proc.name / "children").read_text().split())
+        except OSError:
+            continue
+    return None
+
+
+def _kill_the_template_once_it_handed_out_a_spare(save: Path, killed: list[int]) -> None:
+    """SIGKILL the spare template once it has forked a spare in place of one it handed out (two children: the
+    taken one, now a worker, and the new one)."""
+    deadline = time.monotonic() + 400
+    while time.monotonic() < deadline:
+        found = _template_children(save)
+        if found and found[1] >= 2:
+            os.kill(found[0], signal.SIGKILL)
+            killed.append(found[0])
+            return
+        time.sleep(0.2)
+
+
 @pytest.fixture(scope="module")
-def recovered(tmp_path_factory: pytest.TempPathFactory) -> Job:
-    return run_supervised(tmp_path_factory.mktemp("replicated_recovered"), DISTRIBUTED, "--save-interval", "3",
-                          FT_PLUGINS="ttp,recover", FT_PLUGINS_RECOVER_SPARES="1", FT_PLUGINS_INJECT_FAULT=FAULTS)
+def recovered(tmp_path_factory: pytest.TempPathFactory) -> tuple[Job, list[int]]:
+    """Launched as ``torchrun -m pretrain_gpt``: the warm spares run the module as ``python -m`` does. The spare
+    template is killed once it handed out its first spare: that spare, a worker now, is the launcher's to wait for."""
+    workdir, killed = tmp_path_factory.mktemp("replicated_recovered"), []
+    watch = threading.Thread(target=_kill_the_template_once_it_handed_out_a_spare, args=(workdir / "ckpt", killed),
+                             daemon=True)
+    watch.start()
+    job = run_supervised(workdir, DISTRIBUTED, "--save-interval", "3", module=True, FT_PLUGINS="ttp,recover",
+                         FT_PLUGINS_RECOVER_SPARES="1", FT_PLUGINS_INJECT_FAULT=FAULTS)
+    watch.join(timeout=1)
+    return job, killed
 
 
 def test_recover_three_ranks_lost_in_turn_each_shard_from_the_same_place_of_the_other_instance(
-        recovered: Job, reference: Job) -> None:
+        recovered: tuple[Job, list[int]], reference: Job) -> None:
+    recovered, killed = recovered
+    assert len(killed) == 1, "the spare template was killed after it handed out a spare"
     assert recovered.returncode == 0, recovered.output[-5000:]
     assert len(recovered.lines("firing injected fault")) == 3
     for sender, step, receiver in ((3, 2, 1), (2, 3, 0), (1, 5, 3), (0, 5, 2)):
@@ -134,6 +174,7 @@ def test_recover_three_ranks_lost_in_turn_each_shard_from_the_same_place_of_the_
     caught = re.findall(r"recover: rank 2 \(pid (\d+)\) caught", recovered.output)
     assert len(caught) == 3 and len(set(caught)) == 1, "rank 2 survived the three faults in its own process"
     assert not recovered.lines("closing signal"), "torchrun never signalled a worker"
+    assert recovered.lines("; warm spare pid"), recovered.lines("exited with code")  # a spare of the module took over
     for rank, generation in ((1, 1), (0, 2), (3, 3)):  # a warm spare's lines too name the rank it took over
         assert recovered.lines(f"[ft_plugins.recover rank {rank}] WARNING recover: rank {rank} joined generation "
                                f"{generation}"), recovered.output[-5000:]
@@ -146,8 +187,9 @@ def test_recover_three_ranks_lost_in_turn_each_shard_from_the_same_place_of_the_
         assert_bit_identical(reference.iteration(step) / OPTIMIZER, recovered.iteration(step) / OPTIMIZER, parts=None)
 
 
-def test_the_report_names_the_three_faults_met_in_place_each_with_its_time_to_training_again(recovered: Job) -> None:
-    check_faults(recovered, [(1, "death", "in place", 2), (0, "death", "in place", 3), (3, "death", "in place", 4)])
+def test_the_report_names_the_three_faults_met_in_place_each_with_its_time_to_training_again(
+        recovered: tuple[Job, list[int]]) -> None:
+    check_faults(recovered[0], [(1, "death", "in place", 2), (0, "death", "in place", 3), (3, "death", "in place", 4)])
 
 
 @pytest.fixture(scope="module")

@@ -48,14 +48,17 @@ def run_job(workdir: Path, *args: str, launcher: tuple[str, ...] = (), entry: Pa
 
 
 def run_supervised(workdir: Path, launch: "Launch", *args: str, launcher: tuple[str, ...] = (),
-                   length: tuple[str, ...] = ("--train-iters", str(ITERS)), **env: str) -> Job:
+                   length: tuple[str, ...] = ("--train-iters", str(ITERS)), module: bool = False, **env: str) -> Job:
     """``ft-plugins run -- torchrun ...`` (the launcher that replaces a lost worker in place) on the Megatron example;
-    ``launcher``: more of torchrun's own options; ``length``: how long it trains."""
+    ``launcher``: more of torchrun's own options; ``length``: how long it trains; ``module``: the example run as
+    ``torchrun -m pretrain_gpt`` (its folder on the path), not as a script."""
     save = workdir / "ckpt"
+    entry = ["-m", MEGATRON_EXAMPLE.stem] if module else [str(MEGATRON_EXAMPLE)]
     command = [sys.executable, "-m", "ft_plugins.cli", "run", "--", TORCHRUN, "--nproc-per-node", str(launch.nproc),
-               "--master-port", str(free_port()), *launcher, str(MEGATRON_EXAMPLE), *launch.args, *length,
-               "--save", str(save), *args]
+               "--master-port", str(free_port()), *launcher, *entry, *launch.args, *length, "--save", str(save), *args]
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "FT_FAKE", "TORCHELASTIC"))}
+    if module:
+        clean["PYTHONPATH"] = os.pathsep.join(filter(None, [str(MEGATRON_EXAMPLE.parent), clean.get("PYTHONPATH")]))
     result = run_to_end(command, workdir, {**clean, **dict(launch.env), **env}, timeout=400)
     return Job(result.returncode, result.stdout + result.stderr, save)
 

@@ -16,8 +16,9 @@ training thread waits inside ``tft_exception_handler``:
 4. ``rebuild_group(fault_ranks, args, ctx)`` on every rank, the replacement included;
 5. ``repair(step, need_rebuild, error_ranks, repair_info, args, ctx)`` on each source (``RT_SEND``) and
    on each rank that lacks the state (``RT_RECV_REPAIR``): the step is the newest one the survivors
-   reported through ``tft_end_updating_os``, a rank's source the lowest survivor holding it and the
-   same optimizer state (the replica layout of ``tft_set_optimizer_replica``);
+   reported through ``tft_end_updating_os``, each receiving rank's own source: the lowest survivor at that
+   step holding the same optimizer state (the replica layouts of ``tft_set_optimizer_replica``: under
+   pipeline, tensor or expert parallelism the rank at the same place of another data-parallel replica);
 6. ``rollback(step, args, ctx)`` on every rank; then every training thread calls train again.
 
 A handler that raises (or a clean that returns non-zero), or a replacement that does not come within
@@ -68,9 +69,10 @@ def start_processor(master_ip, port, rank, world_size):
     """Register this process as ``rank``'s processor; serve the controller's actions in a thread."""
     store = _store(port)
     _arf.update(store=store, rank=rank, world=world_size)
-    _arf["reboot"] = store.add(f"starts/{rank}", 1) > 1
+    life = store.add(f"starts/{rank}", 1)
+    _arf["reboot"] = life > 1
     store.set(f"pid/{rank}", str(os.getpid()))
-    threading.Thread(target=_serve, args=(store, rank), name="mindio-processor", daemon=True).start()
+    threading.Thread(target=_serve, args=(store, rank, life), name="mindio-processor", daemon=True).start()
 
 
 def watch_peers(port, rank, world_size, on_loss):
@@ -123,18 +125,19 @@ def wait_next():
 
 
 # -- the processor's side --------------------------------------------------------------------------
-def _serve(store, rank):
+def _serve(store, rank, life):
+    """Actions are numbered per process of the rank (a replacement serves none sent to the process it replaces)."""
     from mindio_ttp import framework_ttp as api
 
     served = 0
     while True:
-        name = f"action/{rank}/{served + 1}"
+        name = f"action/{rank}/{life}/{served + 1}"
         if not store.check([name]):
             time.sleep(POLL)
             continue
         served += 1
         kind, _, payload = store.get(name).decode().partition(" ")
-        store.set(f"result/{rank}/{served}", str(_run(api, kind, eval(payload) if payload else None)))
+        store.set(f"result/{rank}/{life}/{served}", str(_run(api, kind, eval(payload) if payload else None)))
 
 
 def _run(api, kind, payload):
@@ -198,8 +201,9 @@ def _act(store, counts, ranks, kind, payloads):
     for rank in ranks:
         counts[rank] = counts.get(rank, 0) + 1
         payload = payloads(rank)
-        store.set(f"action/{rank}/{counts[rank]}", f"{kind} {payload!r}" if payload is not None else kind)
-        sent[rank] = counts[rank]
+        number = f"{store.add(f'starts/{rank}', 0)}/{counts[rank]}"
+        store.set(f"action/{rank}/{number}", f"{kind} {payload!r}" if payload is not None else kind)
+        sent[rank] = number
     answers = {}
     deadline = time.monotonic() + limit() + 5
     while len(answers) < len(sent) and time.monotonic() < deadline:
@@ -231,7 +235,7 @@ def _recover(store, world, lost, counts):
     everyone = sorted([*survivors, lost])
     if ok:
         receivers = [lost, *(rank for rank in survivors if steps[rank] < step)]
-        sources = {rank: min((peer for peer in _replicas(store, survivors, rank) if steps.get(peer) == step),
+        sources = {rank: min((peer for peer in _replicas(store, everyone, rank) if steps.get(peer) == step),
                              default=None) for rank in receivers}
         ok = None not in sources.values()
     if ok:
@@ -258,17 +262,20 @@ def _recover(store, world, lost, counts):
     return False
 
 
-def _replicas(store, survivors, rank):
-    """The ranks holding the same optimizer state as ``rank``, from the replica layout the processors reported
-    (``tft_set_optimizer_replica``): ``rank_list`` is ``replica_cnt`` copies of the state one after the other,
-    so the ranks at the same place of each copy hold the same shard. Every rank without a report."""
-    reported = next((store.get(f"replicas/{peer}") for peer in survivors if store.check([f"replicas/{peer}"])), None)
-    for entry in eval(reported) if reported else ():
-        ranks, copies = entry["rank_list"], entry["replica_cnt"]
-        if rank in ranks:
-            size = len(ranks) // copies
-            return [peer for index, peer in enumerate(ranks) if index % size == ranks.index(rank) % size]
-    return list(survivors)
+def _replicas(store, everyone, rank):
+    """The ranks holding the same optimizer state as ``rank``, from the replica layouts the processors reported
+    (``tft_set_optimizer_replica``, each rank its own data-parallel group: with tensor, pipeline or expert
+    parallelism the ranks at the same place in the other groups). ``rank_list`` is ``replica_cnt`` copies of the
+    state one after the other, so the ranks at the same place of each copy hold the same shard. The lowest rank's
+    report naming ``rank`` counts (the lost rank's own report stays); every rank when none names it."""
+    for peer in everyone:
+        reported = store.get(f"replicas/{peer}") if store.check([f"replicas/{peer}"]) else None
+        for entry in eval(reported) if reported else ():
+            ranks, copies = entry["rank_list"], entry["replica_cnt"]
+            if rank in ranks:
+                size = len(ranks) // copies
+                return [peer for index, peer in enumerate(ranks) if index % size == ranks.index(rank) % size]
+    return list(everyone)
 
 
 def report_replicas(replica_info):
