@@ -8,6 +8,7 @@ uninterrupted reference run's save of the same step. Periodic saves are far away
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -94,17 +95,58 @@ def test_preemption_sigterm_to_every_rank_mid_update(tmp_path_factory: pytest.Te
     assert same_as_reference(job, reference, STEP + 1) == []
 
 
-def test_dump_killed_mid_write_is_never_committed_and_resume_says_why(tmp_path_factory: pytest.TempPathFactory) -> None:
-    job = _scenario(tmp_path_factory, "dump_killed", "--save-interval", "2", entry=KILL_MID_SAVE,
-                    FT_TEST_KILL_RANK="0", FT_TEST_KILL_ITER=str(STEP), **_fault(f"rank=1,step={STEP},kind=kill"))
+CUT_SHORT = ("dying-gasp dump never committed: mp_rank_00: no part record (its writer was killed mid-write)")
+
+
+@pytest.fixture(scope="module")
+def dump_killed(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    """The survivor's dump SIGKILLed mid-write: half of its ``model_optim_rng.pt`` on disk, then SIGKILL, as the
+    launcher's SIGKILL lands on a dump still writing when its grace ends. The kill is the fixture's own (after
+    half the file) rather than a timed one: a state large enough for a timed kill to land mid-write reliably
+    is GBs, and the leftovers are the same (a ``.partial`` file, no part record, no commit)."""
+    return _scenario(tmp_path_factory, "dump_killed", "--save-interval", "2", entry=KILL_MID_SAVE,
+                     FT_TEST_KILL_RANK="0", FT_TEST_KILL_ITER=str(STEP), **_fault(f"rank=1,step={STEP},kind=kill"))
+
+
+def test_dump_killed_mid_write_is_never_committed_and_resume_says_why(dump_killed: Job) -> None:
+    job = dump_killed
     assert job.tracker() == "2"
     assert (job.save / "iter_0000003_tmp" / "mp_rank_00" / "model_optim_rng.pt.0.partial").is_file()
     latest = subprocess.run([sys.executable, "-m", "ft_plugins.cli", "ckpt", "latest", str(job.save), "--json"],
                             capture_output=True, text=True)
     selection = json.loads(latest.stdout)
     assert selection["iteration"] == 2
-    assert selection["skipped"] == [{"path": str(job.save / "iter_0000003_tmp"), "reason": (
-        "dying-gasp dump never committed: mp_rank_00: no part record (its writer was killed mid-write)")}]
+    assert selection["skipped"] == [{"path": str(job.save / "iter_0000003_tmp"), "reason": CUT_SHORT}]
+
+
+def test_a_dump_killed_mid_write_beside_a_periodic_save_resumes_from_the_save(dump_killed: Job,
+                                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """What ``resume`` decides at the relaunch, asked in this process on the job's own save directory."""
+    from ft_plugins.features.resume import Resume
+
+    feature = Resume("pt", {option.name: option.default for option in Resume.options})
+    feature.start()
+    with caplog.at_level("WARNING", logger="ft_plugins"):
+        selection = feature.choose(str(dump_killed.save))
+    assert selection.iteration == 2
+    said = [record.getMessage() for record in caplog.records]
+    assert f"resume: skipped {dump_killed.save / 'iter_0000003_tmp'}: {CUT_SHORT}" in said, said
+
+
+def test_a_dump_killed_mid_write_without_a_periodic_save_never_stops_the_relaunch(
+        dump_killed: Job, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The same killed dump alone in its save directory (the periodic save and tracker left out: what a job
+    without a periodic save before the fault leaves, since the dump does not depend on them): the relaunch
+    starts as Megatron would without a checkpoint, in one line naming the dump it passed over and why."""
+    workdir = tmp_path_factory.mktemp("dump_killed_alone")
+    shutil.copytree(dump_killed.save / "iter_0000003_tmp", workdir / "ckpt" / "iter_0000003_tmp")
+    relaunch = run_job(workdir, "--load", str(workdir / "ckpt"), *FAR, length=("--train-iters", "1"), **TTP)
+    assert relaunch.returncode == 0, relaunch.output[-3000:]
+    assert relaunch.lines(f"holds no checkpoint, only saves that never finished (iter_0000003_tmp); starting as "
+                          "the job would without one"), relaunch.output[-3000:]
+    assert relaunch.lines(f"iter_0000003_tmp: {CUT_SHORT}")
+    assert relaunch.lines("iteration        1/       1")
+    assert not relaunch.lines("NoIntactCheckpoint")
 
 
 def test_kill_during_a_periodic_save_the_dump_never_replaces_it(tmp_path_factory: pytest.TempPathFactory) -> None:
