@@ -1,4 +1,5 @@
-"""``ft-plugins doctor [--json]``: one table of checks (OK / WARN / FAIL, each with its fix); exit 1 on any FAIL."""
+"""``ft-plugins doctor [--json] [--save DIR]``: one table of checks (OK / WARN / FAIL, each with its fix); exit 1
+on any FAIL."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("doctor", help="check this node for what would break fault tolerance")
     parser.add_argument("--json", action="store_true", help="a JSON list instead of the table")
+    parser.add_argument("--save", metavar="DIR", help="the job's save directory: is its dump's time within the grace?")
     parser.set_defaults(handler=run)
 
 
@@ -17,7 +19,7 @@ def run(args: argparse.Namespace) -> int:
     from ft_plugins.cli import EXIT_FAILURE, EXIT_OK
     from ft_plugins.launch import doctor
 
-    checks = doctor.run_checks()
+    checks = doctor.run_checks(save_dir=args.save)
     if args.json:
         print(json.dumps(doctor.as_json(checks), indent=2))
     else:

@@ -20,6 +20,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--no-pod-rescheduling", action="store_true", help='do not add pod-rescheduling: "on"')
     parser.add_argument("--fault-retry-times", type=int, metavar="N")
     parser.add_argument("--wait-reschedule-timeout", type=int, metavar="SECONDS", help="30 to 270")
+    parser.add_argument("--save", metavar="DIR", help="the job's save directory: terminationGracePeriodSeconds covers "
+                                                      "the dump time its saves measured (raised, never lowered)")
+    parser.add_argument("--termination-grace", type=int, metavar="SECONDS",
+                        help="terminationGracePeriodSeconds of every pod (replaces the file's and the estimate)")
     parser.set_defaults(handler=run)
 
 
@@ -33,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
             fault_scheduling=args.fault_scheduling, pod_rescheduling=not args.no_pod_rescheduling,
             fault_retry_times=args.fault_retry_times,
             wait_reschedule_timeout=(k8s.validate_timeout(args.wait_reschedule_timeout)
-                                     if args.wait_reschedule_timeout is not None else None))
+                                     if args.wait_reschedule_timeout is not None else None),
+            termination_grace=_termination_grace(args))
     except ValueError as exc:
         print(f"ft-plugins k8s: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -63,3 +68,23 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.buffer.write(result.encode("utf-8"))
     sys.stdout.flush()
     return EXIT_OK
+
+
+def _termination_grace(args: argparse.Namespace) -> tuple[int, bool] | None:
+    """The pods' grace: given (replaces), else what the save directory's measured write needs (raises only)."""
+    from ft_plugins import grace
+
+    if args.termination_grace is not None:
+        if args.termination_grace < 0:
+            raise ValueError(f"--termination-grace {args.termination_grace}: give seconds >= 0")
+        return args.termination_grace, True
+    if args.save is None:
+        return None
+    found = grace.measured(args.save)
+    if found is None:
+        print(f"ft-plugins k8s: note: no write measured in {args.save} yet (the job's first save or dump records "
+              "one): terminationGracePeriodSeconds left as the file has it", file=sys.stderr)
+        return None
+    seconds = int(grace.grace_for(found, grace.TORCHRUN_GRACE))
+    print(f"ft-plugins k8s: note: {grace.describe(found)}: terminationGracePeriodSeconds {seconds}", file=sys.stderr)
+    return seconds, False

@@ -17,7 +17,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--manager", action="store_true", help="start TaskD's manager beside the command (master only)")
     parser.add_argument("--dry-run", action="store_true", help="print the environment changes and the command")
     parser.add_argument("--grace", type=float, default=None, metavar="SECONDS",
-                        help="msrun: seconds its processes get after SIGTERM/SIGINT before SIGKILL (default 20)")
+                        help="seconds the workers get after SIGTERM before SIGKILL (default: what their dump needs, "
+                             "estimated from this job's saves, at least torchrun's 30 or, for msrun, 20)")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD...")
     parser.set_defaults(handler=run)
 
@@ -25,7 +26,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from ft_plugins.cli import EXIT_OK, EXIT_USAGE
     from ft_plugins.config import ConfigError
-    from ft_plugins.launch import environment, process
+    from ft_plugins.launch import environment, process, shutdown
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
@@ -38,10 +39,18 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"ft-plugins run: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if args.grace is not None and (args.grace < 0 or not environment.is_msrun(command)):
-        print(f"ft-plugins run: --grace {args.grace:g}: give seconds >= 0, and for msrun only (torchrun gives its "
-              "workers 30 s itself)", file=sys.stderr)
+    msrun = environment.is_msrun(command)
+    launched = msrun or environment.is_torchrun(command)  # the launchers that SIGKILL their workers
+    if args.grace is not None and (args.grace < 0 or not launched):
+        print(f"ft-plugins run: --grace {args.grace:g}: give seconds >= 0, for torchrun or msrun (the launchers "
+              "that SIGKILL their workers)", file=sys.stderr)
         return EXIT_USAGE
+    grace = shutdown.plan(command, plan.env, args.grace, msrun)
+    if launched:
+        plan.env.update(grace.changes)
+        plan.changes.update(grace.changes)
+        plan.notes.append(grace.line)
+        plan.warnings += [grace.warning] if grace.warning else []
     for warning in plan.warnings:
         print(f"ft-plugins run: warning: {warning}", file=sys.stderr)
     for note in plan.notes:
@@ -53,14 +62,14 @@ def run(args: argparse.Namespace) -> int:
             print(f"{shlex.join(manager)} &")
         print(shlex.join(command))
         return EXIT_OK
-    # msrun leaves its workers running when stopped: supervised; torchrun stops its own (SIGTERM, 30 s, SIGKILL)
-    grace = (process.GRACE if args.grace is None else args.grace) if environment.is_msrun(command) else None
+    # msrun leaves its workers running when stopped: supervised; torchrun stops its own (SIGTERM, the grace, SIGKILL)
+    supervised = grace.seconds if msrun else None
     if manager is None:
-        if grace is not None:
-            return process.supervise(command, plan.env, grace)
+        if supervised is not None:
+            return process.supervise(command, plan.env, supervised)
         return process.exec_command(command, plan.env)
     manager_env = {**plan.env, "PYTHONPATH": environment.without_bootstrap(plan.env["PYTHONPATH"])}
-    return process.run_beside(command, plan.env, manager, manager_env, grace)
+    return process.run_beside(command, plan.env, manager, manager_env, supervised)
 
 
 # what `run` cannot take as flags: the job id and the counts come from the environment or the launcher's own flags

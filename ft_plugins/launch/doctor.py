@@ -279,9 +279,27 @@ CHECKS: tuple[Callable[[Mapping[str, str]], Iterator[Check]], ...] = (
 )
 
 
-def run_checks(env: Mapping[str, str] | None = None) -> list[Check]:
+def check_grace(save_dir: str | None) -> Check:
+    """Whether a dump of the job saving into ``save_dir`` fits in the launcher's grace, by what its saves measured."""
+    from ft_plugins import grace
+
+    found = grace.measured(save_dir)
+    if found is None:
+        where = f"no write measured in {save_dir} yet" if save_dir else "no --save DIR given"
+        return Check("dump grace", OK, f"{where}: the dump time is estimated once the job's first save or dump "
+                                       "recorded its write speed")
+    needed, planned = grace.needed(found), grace.grace_for(found, grace.TORCHRUN_GRACE)
+    detail = (f"{grace.describe(found)}; `ft-plugins run` gives the workers {planned:g} s after SIGTERM, "
+              f"plain torchrun {grace.TORCHRUN_GRACE:g} s")
+    if needed <= grace.TORCHRUN_GRACE:
+        return Check("dump grace", OK, detail)
+    return Check("dump grace", WARN, detail, f"launch with `ft-plugins run -- torchrun ...`; on Kubernetes "
+                                             f"`ft-plugins k8s --save {save_dir}` sets terminationGracePeriodSeconds")
+
+
+def run_checks(env: Mapping[str, str] | None = None, save_dir: str | None = None) -> list[Check]:
     env = os.environ if env is None else env
-    return [check for make in CHECKS for check in make(env)]
+    return [*(check for make in CHECKS for check in make(env)), check_grace(save_dir)]
 
 
 def as_json(checks: list[Check]) -> list[dict[str, str]]:

@@ -4,7 +4,8 @@ Port 9601 named ``taskd-port`` on every training container (AscendJob: the ``asc
 each replica spec; Volcano Job: every container of every task); the ``fault-scheduling`` /
 ``pod-rescheduling`` / ``fault-retry-times`` labels and the ``recover-strategy`` /
 ``wait-reschedule-timeout`` annotations on the job's metadata; ``TTP_PORT``, ``POD_IP`` and port 8000
-``ttp-port`` when a strategy dumps or recovers. ruamel.yaml only *locates* (a load + dump rewrites
+``ttp-port`` when a strategy dumps or recovers; with ``--save``/``--termination-grace`` every pod's
+``terminationGracePeriodSeconds``. ruamel.yaml only *locates* (a load + dump rewrites
 booleans, flow lists, spacing and line ends); each edit is written into the original text, so
 everything else stays byte for byte, CRLF, a missing final newline and other documents included,
 and a second run changes nothing.
@@ -22,6 +23,7 @@ FAULT_SCHEDULING = ("grace", "force")
 TASKD_PORT, TASKD_PORT_NAME = 9601, "taskd-port"
 TTP_PORT, TTP_PORT_NAME = 8000, "ttp-port"
 RESCHEDULE_TIMEOUT = (30, 270)
+GRACE_KEY = "terminationGracePeriodSeconds"
 
 
 class JobFileRefused(ValueError):
@@ -41,6 +43,8 @@ class Options:
     pod_rescheduling: bool = True
     fault_retry_times: int | None = None
     wait_reschedule_timeout: int | None = None
+    # terminationGracePeriodSeconds of every pod: (seconds, override) — an estimate raises a shorter one only
+    termination_grace: tuple[int, bool] | None = None
 
 
 def parse_strategies(raw: str) -> tuple[str, ...]:
@@ -164,8 +168,8 @@ class _Job:
         self.edits.insert_after(key_line, [" " * (key_col + 2) + rel for rel in rel_lines])
         return True
 
-    def set_value(self, mapping: Any, key: str, value: str) -> None:
-        """Replace a one-line scalar value in place, keeping any trailing comment."""
+    def set_value(self, mapping: Any, key: str, value: str, quoted: bool = True) -> None:
+        """Replace a one-line scalar value in place (a string, else as given), keeping any trailing comment."""
         line, col = mapping.lc.value(key)
         text = self.edits.lines[line]
         rest = text[col:]
@@ -175,7 +179,7 @@ class _Job:
         else:
             comment = re.search(r"\s#", rest)
             end = col + (comment.start() if comment else len(rest.rstrip()))
-        self.edits.replaced[line] = text[:col] + _quoted(value) + text[end:]
+        self.edits.replaced[line] = text[:col] + (_quoted(value) if quoted else value) + text[end:]
 
     def ensure_entries(self, owner: Any, key: str, wanted: dict[str, tuple[str, bool]], what: str) -> None:
         """``owner[key]`` (labels / annotations) holds each wanted ``name: (value, override)``; an
@@ -236,9 +240,13 @@ def _sequence(node: Any, path: str, job: str) -> list[Any]:
     return node
 
 
-def _pod_containers(template_owner: Any, path: str, job: str) -> list[Any]:
+def _pod_spec(template_owner: Any, path: str, job: str) -> Any:
     template = _mapping(_mapping(template_owner, path, job).get("template"), f"{path}.template", job)
-    pod = _mapping(template.get("spec"), f"{path}.template.spec", job)
+    return _mapping(template.get("spec"), f"{path}.template.spec", job)
+
+
+def _pod_containers(template_owner: Any, path: str, job: str) -> list[Any]:
+    pod = _pod_spec(template_owner, path, job)
     containers = _sequence(pod.get("containers"), f"{path}.template.spec.containers", job)
     for index, container in enumerate(containers):
         _mapping(container, f"{path}.template.spec.containers[{index}]", job)
@@ -262,6 +270,16 @@ def _containers(doc: Any, job: str) -> list[tuple[str, Any]]:
             containers = _pod_containers(task, f"spec.tasks[{index}]", job)
             found += [(f"task {task.get('name')}, container {c.get('name')}", c) for c in containers]
     return found
+
+
+def _pod_specs(doc: Any, job: str) -> list[Any]:
+    """The pod spec of every replica (AscendJob) or task (Volcano Job)."""
+    spec = _mapping(doc.get("spec"), "spec", job)
+    if doc.get("kind") == "AscendJob":
+        replicas = _mapping(spec.get("replicaSpecs"), "spec.replicaSpecs", job)
+        return [_pod_spec(owner, f"spec.replicaSpecs.{name}", job) for name, owner in replicas.items()]
+    return [_pod_spec(task, f"spec.tasks[{index}]", job)
+            for index, task in enumerate(_sequence(spec.get("tasks"), "spec.tasks", job))]
 
 
 def is_training_job(doc: Any) -> bool:
@@ -341,6 +359,14 @@ def _edit_job(job: _Job, options: Options, where: str) -> None:
             job.ensure_env(container, "TTP_PORT", [f"value: {_quoted(TTP_PORT)}"], place)
             job.ensure_env(container, "POD_IP", ["valueFrom:", "  fieldRef:", "    fieldPath: status.podIP"], place)
     job.flush()
+    if options.termination_grace is not None:
+        seconds, override = options.termination_grace
+        for pod in _pod_specs(doc, where):
+            current = pod.get(GRACE_KEY)
+            if current is None:
+                job.add_keys(pod, [f"{GRACE_KEY}: {seconds}"], "pod spec")
+            elif override or not str(current).isdigit() or int(current) < seconds:
+                job.set_value(pod, GRACE_KEY, str(seconds), quoted=False)
 
 
 def validate_timeout(seconds: int) -> int:

@@ -22,9 +22,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ft_plugins import events
+from ft_plugins import events, grace
 from ft_plugins.checkpoint.dump import Part, commit_dump, complete_pending, write_part
-from ft_plugins.checkpoint.naming import tracker_iteration
+from ft_plugins.checkpoint.naming import iteration_dir, tracker_iteration
 from ft_plugins.faults import RESTART_VAR
 from ft_plugins.features.ttp import Ttp
 from ft_plugins.rank import global_rank
@@ -58,6 +58,7 @@ class MegatronDump:
         self.feature = feature
         self._saved: set[int] = set()
         self._loaded = (0, 0.0)  # (consumed samples, floating point operations) the run started from
+        self._grace_warned = False
         self._refusal: str | None = None
 
     def refused(self, engine: str) -> bool:
@@ -89,10 +90,28 @@ class MegatronDump:
     # -- wrappers (wrapt signature) ----------------------------------------------------------------
     def save_checkpoint(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         iteration = kwargs.get("iteration", args[0] if args else None)
+        started = time.monotonic()
         result = wrapped(*args, **kwargs)
         if isinstance(iteration, int) and not kwargs.get("non_persistent_ckpt"):
             self._saved.add(iteration)
+            self._measure_save(iteration, time.monotonic() - started)
         return result
+
+    def _measure_save(self, iteration: int, seconds: float) -> None:
+        """Rank 0 records how long the save took its largest writer (an async save's time is not the write's)."""
+        parsed = megatron_args()
+        if (global_rank() or 0) != 0 or getattr(parsed, "async_save", False) or not getattr(parsed, "save", None):
+            return
+        written = grace.largest_writer(iteration_dir(parsed.save, iteration))
+        grace.record(parsed.save, grace.Measured(written, seconds, f"save of iteration {iteration}"))
+        self._warn_if_short(parsed.save)
+
+    def _warn_if_short(self, save_dir: str) -> None:
+        """Once per process: the dump needs longer than the launcher's grace (said by rank 0)."""
+        line = None if self._grace_warned or (global_rank() or 0) != 0 else grace.warn_if_short(save_dir, os.environ)
+        if line:
+            self._grace_warned = True
+            log.warning("ttp: %s", line)
 
     def load_checkpoint(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         import torch.distributed as dist
@@ -102,6 +121,7 @@ class MegatronDump:
         initialized = dist.is_available() and dist.is_initialized()
         if load_dir and (not initialized or dist.get_rank() == 0):
             self._complete(load_dir)
+            self._warn_if_short(self.save_dir() or load_dir)
         if load_dir and initialized:
             dist.barrier()  # nobody reads the tracker before the commit is done
         result = wrapped(*args, **kwargs)
@@ -172,8 +192,10 @@ class MegatronDump:
         state = saved_state(step.model, step.optimizer, step.scheduler, iteration, rng, consumed)
         state["num_floating_point_operations_so_far"] = self.flops(consumed, parsed)
         writes[FILENAME] = lambda path: torch.save(state, path)
-        write_part(save_dir, Part(shard, iteration, shards, rank), writes)
+        directory = write_part(save_dir, Part(shard, iteration, shards, rank), writes)
         written = time.monotonic()
+        size = sum(os.path.getsize(os.path.join(directory, name)) for name in writes)
+        grace.record(save_dir, grace.Measured(size, written - started, f"dump of iteration {iteration}"))
         status = self.commit(save_dir, iteration) if commit else "committed on MindIO's rename"
         log.warning("ttp: %s: rank %d dumped %s of iteration %d in %.0f ms; %s", reason, rank, shard,
                     iteration, (written - started) * 1000, status)

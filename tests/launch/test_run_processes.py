@@ -127,10 +127,11 @@ def test_bad_feature_list_is_a_usage_error(vendors: Vendors, tmp_path: Path) -> 
     assert result.returncode == 2 and "unknown feature 'bogus'" in result.stderr and "ran" not in result.stdout
 
 
-def test_grace_is_for_msrun_only(vendors: Vendors, tmp_path: Path) -> None:
-    """torchrun stops its own workers (SIGTERM, 30 s, SIGKILL): --grace elsewhere is refused, not ignored."""
+def test_grace_is_for_the_launchers_that_sigkill_their_workers(vendors: Vendors, tmp_path: Path) -> None:
+    """--grace is the time between the launcher's SIGTERM and its SIGKILL: for another command it is refused,
+    not ignored."""
     result = ft_run(["--grace", "5", "--", PYTHON, "-c", "print('ran')"], env=launch_env(vendors, tmp_path), cwd=tmp_path)
-    assert result.returncode == 2 and "--grace 5: give seconds >= 0, and for msrun only" in result.stderr
+    assert result.returncode == 2 and "--grace 5: give seconds >= 0, for torchrun or msrun" in result.stderr
     assert "ran" not in result.stdout
 
 

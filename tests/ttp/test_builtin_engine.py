@@ -8,6 +8,8 @@ uninterrupted reference run's save of the same step. Periodic saves are far away
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from ttp_runs import ITERS, Job, committed_dump, resumed_to_the_end, run_job, same_as_reference
+
+from ft_plugins import grace
 
 KILL_MID_SAVE = Path(__file__).resolve().parents[1] / "checkpoint" / "fixtures" / "kill_mid_save.py"  # half, then SIGKILL
 FAR = ("--save-interval", "100")
@@ -44,6 +48,8 @@ def resumed(rank1_killed: Job) -> Job:
 def test_nonzero_rank_killed_in_forward_survivor_dumps_the_last_completed_step(rank1_killed: Job,
                                                                              reference: Job) -> None:
     committed_dump(rank1_killed, STEP)
+    measured = grace.measured(str(rank1_killed.save))  # the dump's write speed, for the next launch's grace
+    assert measured.what == f"dump of iteration {STEP}" and measured.written > 0 and measured.seconds > 0
     assert rank1_killed.lines("firing injected fault rank=1,step=3,kind=kill,at=forward")
     assert rank1_killed.lines("rank 0 dumped mp_rank_00 of iteration 3")
     assert same_as_reference(rank1_killed, reference, STEP) == []
@@ -94,17 +100,65 @@ def test_preemption_sigterm_to_every_rank_mid_update(tmp_path_factory: pytest.Te
     assert same_as_reference(job, reference, STEP + 1) == []
 
 
-def test_dump_killed_mid_write_is_never_committed_and_resume_says_why(tmp_path_factory: pytest.TempPathFactory) -> None:
-    job = _scenario(tmp_path_factory, "dump_killed", "--save-interval", "2", entry=KILL_MID_SAVE,
-                    FT_TEST_KILL_RANK="0", FT_TEST_KILL_ITER=str(STEP), **_fault(f"rank=1,step={STEP},kind=kill"))
+CUT_SHORT = ("dying-gasp dump never committed: mp_rank_00: no part record (its writer was killed mid-write)")
+
+
+@pytest.fixture(scope="module")
+def dump_killed(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    """The survivor's dump SIGKILLed mid-write: half of its ``model_optim_rng.pt`` on disk, then SIGKILL, as the
+    launcher's SIGKILL lands on a dump still writing when its grace ends. The kill is the fixture's own (after
+    half the file) rather than a timed one: a state large enough for a timed kill to land mid-write reliably
+    is GBs, and the leftovers are the same (a ``.partial`` file, no part record, no commit)."""
+    return _scenario(tmp_path_factory, "dump_killed", "--save-interval", "2", entry=KILL_MID_SAVE,
+                     FT_TEST_KILL_RANK="0", FT_TEST_KILL_ITER=str(STEP), **_fault(f"rank=1,step={STEP},kind=kill"))
+
+
+def test_dump_killed_mid_write_is_never_committed_and_resume_says_why(dump_killed: Job) -> None:
+    job = dump_killed
     assert job.tracker() == "2"
     assert (job.save / "iter_0000003_tmp" / "mp_rank_00" / "model_optim_rng.pt.0.partial").is_file()
     latest = subprocess.run([sys.executable, "-m", "ft_plugins.cli", "ckpt", "latest", str(job.save), "--json"],
                             capture_output=True, text=True)
     selection = json.loads(latest.stdout)
     assert selection["iteration"] == 2
-    assert selection["skipped"] == [{"path": str(job.save / "iter_0000003_tmp"), "reason": (
-        "dying-gasp dump never committed: mp_rank_00: no part record (its writer was killed mid-write)")}]
+    assert selection["skipped"] == [{"path": str(job.save / "iter_0000003_tmp"), "reason": CUT_SHORT}]
+    measured = grace.measured(str(job.save))  # the periodic save's; the dump cut short recorded nothing
+    assert measured.what == "save of iteration 2"
+    assert measured.written == os.path.getsize(job.iteration(2) / "mp_rank_00" / "model_optim_rng.pt")
+
+
+def test_a_dump_killed_mid_write_beside_a_periodic_save_resumes_from_the_save(dump_killed: Job,
+                                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """What ``resume`` decides at the relaunch, asked in this process on the job's own save directory."""
+    from ft_plugins.features.resume import Resume
+
+    feature = Resume("pt", {option.name: option.default for option in Resume.options})
+    feature.start()
+    with caplog.at_level("WARNING", logger="ft_plugins"):
+        selection = feature.choose(str(dump_killed.save))
+    assert selection.iteration == 2
+    said = [record.getMessage() for record in caplog.records]
+    assert f"resume: skipped {dump_killed.save / 'iter_0000003_tmp'}: {CUT_SHORT}" in said, said
+
+
+def test_a_dump_killed_mid_write_without_a_periodic_save_never_stops_the_relaunch(
+        dump_killed: Job, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The same killed dump alone in its save directory (the periodic save and tracker left out: what a job
+    without a periodic save before the fault leaves, since the dump does not depend on them): the relaunch
+    starts as Megatron would without a checkpoint, in one line naming the dump it passed over and why."""
+    workdir = tmp_path_factory.mktemp("dump_killed_alone")
+    shutil.copytree(dump_killed.save / "iter_0000003_tmp", workdir / "ckpt" / "iter_0000003_tmp")
+    # a write this slow recorded by an earlier save: plain torchrun's 30 s would cut the next dump short
+    grace.record(str(workdir / "ckpt"), grace.Measured(17 * 10**9, 40.0, "save of iteration 100"))
+    relaunch = run_job(workdir, "--load", str(workdir / "ckpt"), *FAR, length=("--train-iters", "1"), **TTP)
+    assert relaunch.returncode == 0, relaunch.output[-3000:]
+    assert relaunch.lines(f"holds no checkpoint, only saves that never finished (iter_0000003_tmp); starting as "
+                          "the job would without one"), relaunch.output[-3000:]
+    assert relaunch.lines(f"iter_0000003_tmp: {CUT_SHORT}")
+    assert relaunch.lines("iteration        1/       1")
+    assert not relaunch.lines("NoIntactCheckpoint")
+    assert len(relaunch.lines("ttp: a dump needs about 65 s (17.00 GB by its largest writer at 425 MB/s, measured on "
+                              "the save of iteration 100), longer than torchrun's grace of 30 s before SIGKILL")) == 1
 
 
 def test_kill_during_a_periodic_save_the_dump_never_replaces_it(tmp_path_factory: pytest.TempPathFactory) -> None:

@@ -97,7 +97,7 @@ def test_nothing_read_or_dumped_every_step_trained_once(arf_run: tuple[Job, list
     job, _ = arf_run
     assert not job.lines("loading checkpoint"), "the replacement read nothing from disk"
     assert not job.lines("dumped") and not job.lines("refused")
-    assert sorted(path.name for path in job.save.iterdir()) == ["ft_events", "iter_0000006",
+    assert sorted(path.name for path in job.save.iterdir()) == ["ft_events", "ft_write_speed.json", "iter_0000006",
                                                                 "latest_checkpointed_iteration.txt"]
     assert [len(job.lines(f"iteration        {i}/       {ITERS}")) for i in range(1, ITERS + 1)] == [1] * ITERS
 

@@ -114,7 +114,7 @@ def test_a_rank_lost_inside_its_update_the_survivors_count_the_step_as_done(reco
 
 def test_no_checkpoint_read_or_written_on_the_way(recovered: Job) -> None:
     assert not recovered.lines("loading checkpoint"), "the replacements read nothing from disk"
-    assert sorted(path.name for path in recovered.save.iterdir()) == ["ft_events",
+    assert sorted(path.name for path in recovered.save.iterdir()) == ["ft_events", "ft_write_speed.json",
         "iter_0000003", "iter_0000006", "latest_checkpointed_iteration.txt"], "the periodic saves only"
     assert not recovered.lines("dumped"), "no dying-gasp dump"
 

@@ -180,7 +180,7 @@ def test_recover_three_ranks_lost_in_turn_each_shard_from_the_same_place_of_the_
                                f"{generation}"), recovered.output[-5000:]
     assert [len(recovered.lines(f"iteration        {i}/       {ITERS}")) for i in range(1, ITERS + 1)] == [1] * ITERS
     assert not recovered.lines("loading checkpoint") and not recovered.lines("dumped")
-    assert sorted(path.name for path in recovered.save.iterdir()) == ["ft_events",
+    assert sorted(path.name for path in recovered.save.iterdir()) == ["ft_events", "ft_write_speed.json",
         "iter_0000003", "iter_0000006", "latest_checkpointed_iteration.txt"], "the periodic saves only"
     for step in (3, ITERS):  # the save the lost rank 0 interrupted, written again, and the final one
         assert same_as_reference(recovered, reference, step) == [], step

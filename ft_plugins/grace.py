@@ -1,0 +1,153 @@
+"""How long a dying gasp takes, and the grace a launcher gives it before its SIGKILL.
+
+A dump races the launcher's clock: torchrun SIGTERMs the survivors when a worker dies and SIGKILLs them
+30 s later; a Kubernetes pod gets its ``terminationGracePeriodSeconds``. A dump still writing then is
+lost. The time a dump needs is estimated from this job's own writes: every periodic save and every dump
+records beside the checkpoints (:data:`RECORD` in the save directory) how many bytes its largest writer
+wrote and in how long; the estimate is those bytes at that speed, times :data:`MARGIN`, plus :data:`FIXED`
+(freezing the step, gathering, the commit). Framework-neutral: the glue says what was written and when.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from dataclasses import asdict, dataclass
+from typing import Mapping, Sequence
+
+from ft_plugins.checkpoint.atomic import atomic_file
+from ft_plugins.config import GRACE_VAR
+
+log = logging.getLogger("ft_plugins.grace")
+
+RECORD = "ft_write_speed.json"
+MARGIN = 1.5  # a slower file system than measured, several nodes writing at once
+FIXED = 5.0  # seconds a dump spends besides writing: the freeze, gathering the optimizer, the commit
+TORCHRUN_GRACE = 30.0  # torch's elastic agent: SIGTERM to the survivors, SIGKILL 30 s later
+SHUTDOWN_VAR = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"  # torchrun's own setting for the stop on a signal
+SHUTDOWN_FLAGS = ("--shutdown-timeout", "--shutdown_timeout")
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One write of this job: ``written`` bytes by its largest writer in ``seconds``, and what it was."""
+
+    written: int
+    seconds: float
+    what: str
+
+    @property
+    def speed(self) -> float:
+        """Bytes per second one writer reached."""
+        return self.written / max(self.seconds, 1e-3)
+
+
+def record(save_dir: str, measured: Measured) -> None:
+    """Keep ``measured`` as the save directory's latest write; a failure is logged, never raised into training."""
+    try:
+        with atomic_file(os.path.join(save_dir, RECORD)) as handle:
+            json.dump(asdict(measured), handle)
+    except OSError as exc:
+        log.debug("grace: cannot record the write speed in %s: %s", save_dir, exc)
+
+
+def measured(save_dir: str | None) -> Measured | None:
+    """The latest write recorded in ``save_dir``; None when none was (or the record is unreadable)."""
+    if not save_dir:
+        return None
+    try:
+        with open(os.path.join(save_dir, RECORD), "rb") as handle:
+            data = json.loads(handle.read(1 << 16))
+        found = Measured(int(data["written"]), float(data["seconds"]), str(data["what"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return found if found.written >= 0 and found.seconds >= 0 else None
+
+
+def largest_writer(checkpoint: str) -> int:
+    """The bytes the largest writer of a Megatron checkpoint directory wrote: one ``mp_rank_*`` directory
+    (``torch`` format), else the largest file (``torch_dist``: one ``.distcp`` file per writer)."""
+    sizes = []
+    try:
+        with os.scandir(checkpoint) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    sizes.append(sum(_sizes(entry.path)))
+                elif entry.is_file(follow_symlinks=False):
+                    sizes.append(entry.stat().st_size)
+    except OSError:
+        return 0
+    return max(sizes, default=0)
+
+
+def _sizes(directory: str) -> list[int]:
+    with os.scandir(directory) as entries:
+        return [entry.stat().st_size for entry in entries if entry.is_file(follow_symlinks=False)]
+
+
+def estimate(state_bytes: int, speed: float) -> float:
+    """Seconds a dump of ``state_bytes`` per writer needs at ``speed`` bytes per second, with the margin."""
+    return state_bytes / max(speed, 1.0) * MARGIN + FIXED
+
+
+def needed(found: Measured) -> float:
+    return estimate(found.written, found.speed)
+
+
+def grace_for(found: Measured | None, default: float) -> float:
+    """The grace that covers the dump the record predicts, never under the launcher's ``default``."""
+    return default if found is None else max(default, float(math.ceil(needed(found))))
+
+
+def describe(found: Measured) -> str:
+    return (f"a dump needs about {needed(found):.0f} s ({found.written / 1e9:.2f} GB by its largest writer at "
+            f"{found.speed / 1e6:.0f} MB/s, measured on the {found.what})")
+
+
+def worker_grace(env: Mapping[str, str]) -> tuple[float, str]:
+    """The grace this worker's launcher gives it, and whose: ``ft-plugins run``'s, else torchrun's."""
+    try:
+        return float(env[GRACE_VAR]), "ft-plugins run's"
+    except (KeyError, ValueError):
+        return TORCHRUN_GRACE, "torchrun's"
+
+
+def warn_if_short(save_dir: str | None, env: Mapping[str, str]) -> str | None:
+    """The line a worker says when its launcher's grace is shorter than the dump needs (None: it is not)."""
+    found = measured(save_dir)
+    if found is None:
+        return None
+    grace, whose = worker_grace(env)
+    if needed(found) <= grace:
+        return None
+    return (f"{describe(found)}, longer than {whose} grace of {grace:g} s before SIGKILL: a dump then is cut "
+            f"short; run under 'ft-plugins run' (it gives the workers that time) or raise the grace")
+
+
+def save_dir_of(command: Sequence[str]) -> str | None:
+    """The ``--save`` directory a training command names (Megatron's argument), if any."""
+    for index, arg in enumerate(command):
+        if arg == "--save" and index + 1 < len(command):
+            return command[index + 1]
+        if arg.startswith("--save="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def shutdown_given(command: Sequence[str], env: Mapping[str, str]) -> float | None:
+    """The shutdown timeout a torchrun command sets itself (its flag, else its variable), if any."""
+    for index, arg in enumerate(command):
+        value = (command[index + 1] if arg in SHUTDOWN_FLAGS and index + 1 < len(command)
+                 else arg.split("=", 1)[1] if arg.startswith(tuple(f"{flag}=" for flag in SHUTDOWN_FLAGS)) else None)
+        if value is not None:
+            return _seconds(value)
+    return _seconds(env[SHUTDOWN_VAR]) if SHUTDOWN_VAR in env else None
+
+
+def _seconds(value: str) -> float | None:
+    try:
+        return float(value)
+    except ValueError:
+        return None
