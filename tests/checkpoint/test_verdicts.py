@@ -232,3 +232,20 @@ def test_metadata_reader_imports_and_calls_nothing_the_file_names(tmp_path: Path
     before = set(sys.modules)
     assert storage_extents(io.BytesIO(data)) == {"__0_0.distcp": 12}
     assert set(sys.modules) == before and not called.exists()
+
+
+def test_calls_that_wait_on_the_file_system_go_side_by_side_in_order() -> None:
+    """What a slow metadata server costs is waiting, which threads overlap: once the first calls of a batch
+    waited (here 1 ms each), the rest run over the check's threads, and every result keeps its place."""
+    import threading
+
+    from ft_plugins.checkpoint.parallel import each
+
+    def waiting(item: int) -> tuple[int, str]:
+        time.sleep(0.001)
+        return item, threading.current_thread().name
+
+    results = each(waiting, range(200))
+    assert [item for item, _ in results] == list(range(200))
+    assert {name for _, name in results[:32]} == {threading.current_thread().name}
+    assert all(name.startswith("ft-ckpt-check") for _, name in results[32:])
