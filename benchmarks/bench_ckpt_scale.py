@@ -192,7 +192,10 @@ def slow_file_system(delay: float) -> _Counter:
     for name, kind in (("stat", "stat"), ("lstat", "stat"), ("fstat", "stat"), ("open", "open"),
                        ("listdir", "listdir")):
         setattr(os, name, counter.wrap(kind, getattr(os, name)))
-    builtins.open = io.open = counter.wrap("open", io.open)
+    opened = io.open
+    # a descriptor already open (os.fdopen) asks nothing of the file system: only paths count
+    builtins.open = io.open = lambda file, *args, **kwargs: (
+        opened if isinstance(file, int) else counter.wrap("open", opened))(file, *args, **kwargs)
     scandir = os.scandir
     os.scandir = lambda *args: (counter.hit("listdir"), _Listing(scandir(*args), counter))[1]
     return counter

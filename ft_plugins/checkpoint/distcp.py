@@ -8,27 +8,25 @@ of the file's choosing runs, nothing but plain data and inert stand-ins is built
 
 from __future__ import annotations
 
+import gc
+import io
 import os
 import pickle
-from typing import IO, Any
+from typing import IO, Any, Callable
 
+from ft_plugins.checkpoint.memo_guard import refuse_memo_bombs
 from ft_plugins.checkpoint.parallel import each
 from ft_plugins.checkpoint.reading import is_inside, open_regular
 
 _METADATA_LIMIT = 256 << 20  # a .metadata describes shards: megabytes even for large models
 
 
-class _Inert:
-    """What a pickle would construct, stood in for: accepts any arguments and state, keeps nothing."""
+class _Inert(BaseException):
+    """What a pickle would construct, stood in for: accepts any arguments and state, keeps nothing. Built on
+    BaseException, whose constructor takes any arguments in C, and handed its state through ``id`` (a C
+    function that looks at nothing): a million of them cost no Python call each."""
 
-    records: list[Any] | None = None  # set on the one stand-in whose states are shard records
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def __setstate__(self, state: Any) -> None:
-        if self.records is not None:
-            self.records.append(state)
+    __setstate__ = staticmethod(id)
 
     # filled by SETITEMS / APPENDS / ADDITEMS when the file built a mapping, list or set subclass
     def __setitem__(self, key: Any, value: Any) -> None:
@@ -50,7 +48,8 @@ class _MetadataReader(pickle.Unpickler):
     def __init__(self, handle: IO[bytes]) -> None:
         super().__init__(handle)
         self.shard_records: list[Any] = []
-        self._shard_record = type("_StorageInfo", (_Inert,), {"records": self.shard_records})
+        # the one stand-in whose states are kept: appended as they come, still without a Python call
+        self._shard_record = type("_StorageInfo", (_Inert,), {"__setstate__": staticmethod(self.shard_records.append)})
 
     def find_class(self, module: str, name: str) -> type:
         return self._shard_record if f"{module}.{name}".endswith("._StorageInfo") else _Inert
@@ -60,32 +59,44 @@ class _MetadataReader(pickle.Unpickler):
 
 
 def storage_extents(handle: IO[bytes]) -> dict[str, int]:
-    """The end of the last byte each ``.distcp`` file must hold. Raises for a pickle that is not whole
-    or whose shard records lack a file, an offset or a length."""
-    reader = _MetadataReader(handle)
-    reader.load()
+    """The end of the last byte each ``.distcp`` file must hold. Raises for a pickle that is not whole,
+    puts to a memo index beyond its size (:mod:`.memo_guard`), or whose shard records lack a file, an offset
+    or a length."""
+    data = handle.read()
+    refuse_memo_bombs(data)
+    reader = _MetadataReader(io.BytesIO(data))
+    collecting = gc.isenabled()
+    gc.disable()  # the reader's million small objects would set off a collection every 700: 40 % of its time
+    try:
+        reader.load()
+    finally:
+        if collecting:
+            gc.enable()
     extents: dict[str, int] = {}
-    for state in reader.shard_records:
-        fields = state[0] if isinstance(state, tuple) and state else state
-        if not isinstance(fields, dict):
+    for fields in reader.shard_records:
+        if type(fields) is tuple and fields:
+            fields = fields[0]
+        if type(fields) is not dict:
             raise ValueError("a shard record without a file, offset and length")
-        path, offset, length = (fields.get(key) for key in ("relative_path", "offset", "length"))
-        if not (isinstance(path, str) and type(offset) is int and type(length) is int and offset >= 0 and length >= 0):
+        path, offset, length = fields.get("relative_path"), fields.get("offset"), fields.get("length")
+        if type(path) is not str or type(offset) is not int or type(length) is not int or offset < 0 or length < 0:
             raise ValueError("a shard record without a file, offset and length")
-        extents[path] = max(extents.get(path, 0), offset + length)
+        if extents.get(path, 0) < offset + length:
+            extents[path] = offset + length
     return extents
 
 
-def _size(path: str) -> int | None:
+def _size(stat_of: Callable[[str], os.stat_result], path: str) -> int | None:
     try:
-        return os.stat(path).st_size
+        return stat_of(path).st_size
     except FileNotFoundError:
         return None
 
 
-def distcp_metadata(path: str, deep: bool = False) -> str | None:
+def distcp_metadata(path: str, deep: bool = False, stat_of: Callable[[str], os.stat_result] = os.stat) -> str | None:
     """torch.distributed.checkpoint's ``.metadata``: a whole pickle (PROTO ... STOP) whose shard records
-    (file, offset, length) all lie inside the ``.distcp`` files beside it. Read by stand-ins, never unpickled."""
+    (file, offset, length) all lie inside the ``.distcp`` files beside it (their sizes by ``stat_of``). Read by
+    stand-ins, never unpickled."""
     with open_regular(path) as handle:
         size = handle.seek(0, os.SEEK_END)
         handle.seek(0)
@@ -106,7 +117,8 @@ def distcp_metadata(path: str, deep: bool = False) -> str | None:
     if outside is not None:
         return f"names shard file {outside[:80]!r}, outside the checkpoint"
     directory = os.path.dirname(path)
-    sizes = each(_size, [os.path.join(directory, relative) for relative, _ in shards])
+    sizes = each(lambda relative: _size(stat_of, os.path.join(directory, relative)),
+                 [relative for relative, _ in shards])
     for (relative, end), actual in zip(shards, sizes):
         if actual is None:
             return f"names shard file {relative}, which is missing"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from ft_plugins.checkpoint.atomic import atomic_file
 from ft_plugins.checkpoint.errors import ManifestError
@@ -120,33 +120,41 @@ def read_manifest(path: str) -> dict[str, Any] | None:
     return data
 
 
-def listed_files(path: str, base: str) -> list[str]:
-    """The files the manifest at ``path`` covers (paths under ``base``); none when it is absent or unreadable."""
+def manifest_or_problem(path: str) -> dict[str, Any] | str | None:
+    """The manifest at ``path``; the reason when it is unreadable or malformed; None when there is none."""
     try:
-        manifest = read_manifest(path)
-    except ManifestError:
-        return []
-    return [os.path.join(base, rel) for rel in manifest["files"]] if manifest else []
-
-
-def manifest_problems(path: str, base: str, deep: bool = False) -> list[str] | None:
-    """What does not match the manifest at ``path`` (file paths relative to ``base``); None: no manifest."""
-    try:
-        manifest = read_manifest(path)
+        return read_manifest(path)
     except ManifestError as exc:
-        return [str(exc)]
+        return str(exc)
+
+
+def listed_files(manifest: dict[str, Any] | str | None, base: str) -> list[str]:
+    """The files a manifest covers (paths under ``base``); none when it is absent or unreadable."""
+    if not isinstance(manifest, dict):
+        return []
+    inside = base.rstrip(os.sep) + os.sep
+    return [inside + rel for rel in manifest["files"]]  # every name checked relative and inside
+
+
+def manifest_problems(manifest: dict[str, Any] | str | None, base: str, deep: bool = False,
+                      stat_of: Callable[[str], os.stat_result] = os.stat) -> list[str] | None:
+    """What does not match a manifest (:func:`manifest_or_problem`; file paths relative to ``base``); None:
+    no manifest. ``stat_of`` gives each file's size (a check's one stat of it)."""
     if manifest is None:
         return None
+    if isinstance(manifest, str):
+        return [manifest]
     entries = sorted(manifest["files"].items())
-    found = each(lambda entry: _entry_problem(base, entry[0], entry[1], deep), entries)
+    found = each(lambda entry: _entry_problem(base, entry[0], entry[1], deep, stat_of), entries)
     return [problem for problem in found if problem]
 
 
-def _entry_problem(base: str, rel: str, expected: dict[str, Any], deep: bool) -> str | None:
+def _entry_problem(base: str, rel: str, expected: dict[str, Any], deep: bool,
+                   stat_of: Callable[[str], os.stat_result]) -> str | None:
     """What does not match one manifest entry: its size, then its sample digest, then (deep) its SHA-256."""
     file_path = os.path.join(base, rel)
     try:
-        size = os.path.getsize(file_path)
+        size = stat_of(file_path).st_size
         if size != expected["size"]:
             return f"{rel}: {size} bytes, the manifest says {expected['size']}"
         if sample_digest(file_path, size) != expected["sample"]:

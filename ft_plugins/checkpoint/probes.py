@@ -208,11 +208,12 @@ BY_SUFFIX: dict[str, Probe] = {
 }
 
 
-def probe(path: str, deep: bool = False) -> str | None:
+def probe(path: str, deep: bool = False, stat_of: Callable[[str], os.stat_result] = os.stat) -> str | None:
     """Reason the file is not sound, or None: missing, not a regular file, empty, then the probe its
-    suffix calls for."""
+    suffix calls for. ``stat_of`` gives the kind and size of the file and of those it refers to (a check's
+    one stat of each)."""
     try:
-        status = os.stat(path)
+        status = stat_of(path)
     except FileNotFoundError:
         return "missing"
     except OSError as exc:
@@ -224,6 +225,6 @@ def probe(path: str, deep: bool = False) -> str | None:
     name = os.path.basename(path)
     check = BY_SUFFIX.get(os.path.splitext(name)[1] or name, present)
     try:
-        return check(path, deep)
+        return distcp_metadata(path, deep, stat_of) if check is distcp_metadata else check(path, deep)
     except OSError as exc:
         return f"unreadable: {exc.strerror or exc}"

@@ -14,14 +14,14 @@ from __future__ import annotations
 import itertools
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ft_plugins.checkpoint.errors import CheckpointError
 from ft_plugins.checkpoint.layouts import FORMATS, Candidate, Layout, detect
-from ft_plugins.checkpoint.manifest import listed_files, manifest_problems
+from ft_plugins.checkpoint.manifest import listed_files, manifest_or_problem, manifest_problems
 from ft_plugins.checkpoint.parallel import each
 from ft_plugins.checkpoint.probes import probe
-from ft_plugins.checkpoint.verdicts import fingerprint, recall, record
+from ft_plugins.checkpoint.verdicts import Snapshot, recall, record
 
 _COMMITTED_LOOKBACK = 3
 
@@ -137,29 +137,33 @@ class _Examiner:
         """``(manifest problems, manifests not written, probe problems)`` of the candidate's own files; where
         the layout keeps verdicts, a recorded verdict that still matches the files stands for the checks."""
         if not self.layout.keeps_verdicts:
-            return self._checked(candidate, files)
-        covered = [*files.values(), *(manifest for manifest, _ in candidate.manifests),
-                   *(path for manifest, base in candidate.manifests for path in listed_files(manifest, base))]
-        if recall(candidate.path, covered, self.deep):
+            return self._checked(candidate, files, {manifest: manifest_or_problem(manifest)
+                                                    for manifest, _ in candidate.manifests}, os.stat)
+        snapshot = Snapshot(candidate.path, (manifest for manifest, _ in candidate.manifests))
+        manifests = {manifest: manifest_or_problem(manifest) for manifest, _ in candidate.manifests}
+        snapshot.add([*files.values(), *(path for manifest, base in candidate.manifests
+                                         for path in listed_files(manifests[manifest], base))])
+        if recall(snapshot, self.deep):
             return [], [_whose(candidate, base) + os.path.basename(manifest) for manifest, base in candidate.manifests
-                        if not os.path.exists(manifest)], []
-        before = fingerprint(candidate.path, covered)
-        found = self._checked(candidate, files)
+                        if manifests[manifest] is None], []
+        found = self._checked(candidate, files, manifests, snapshot.stat)
         if not found[0] and not found[2]:
-            record(candidate.path, covered, self.deep, before)
+            record(snapshot, self.deep)
         return found
 
-    def _checked(self, candidate: Candidate, files: dict[str, str]) -> tuple[list[str], list[str], list[str]]:
-        """The full check: each manifest compared with the files, each file probed (side by side)."""
+    def _checked(self, candidate: Candidate, files: dict[str, str], manifests: dict[str, dict[str, Any] | str | None],
+                 stat_of: Callable[[str], os.stat_result]) -> tuple[list[str], list[str], list[str]]:
+        """The full check: each manifest compared with the files, each file probed (side by side); kinds and
+        sizes by ``stat_of``."""
         manifest_found, uncommitted = [], []
         for manifest, base in candidate.manifests:
-            found = manifest_problems(manifest, base, self.deep)
+            found = manifest_problems(manifests[manifest], base, self.deep, stat_of)
             whose = _whose(candidate, base)
             if found is None:
                 uncommitted.append(f"{whose}{os.path.basename(manifest)}")
             else:
                 manifest_found += [f"{whose}{problem}" for problem in found]
-        reasons = each(lambda path: probe(path, self.deep), files.values())
+        reasons = each(lambda path: probe(path, self.deep, stat_of), files.values())
         return manifest_found, uncommitted, [f"{role}: {reason}" for role, reason in zip(files, reasons) if reason]
 
 

@@ -239,3 +239,48 @@ def test_distcp_metadata_is_walked_not_unpickled_and_its_shard_paths_kept_inside
     assert "its shards need" in probe(str(metadata))
     metadata.write_bytes(metadata.read_bytes().replace(b"__0_0.distcp", b"/_0_0.distcp"))
     assert "outside the checkpoint" in probe(str(metadata))
+
+
+def _memo_put_at(metadata: bytes, protocol: int, index: int | None) -> bytes:
+    """``metadata`` pickled again with ``protocol`` (0: text PUT after a PROTO, 2: BINPUT/LONG_BINPUT), its
+    last memo put naming ``index`` (None: as the pickler wrote it), so the pass reads the whole file to it."""
+    import pickle
+    import pickletools
+
+    data = (b"\x80\x02" if protocol == 0 else b"") + pickle.dumps(pickle.loads(metadata), protocol=protocol)
+    if index is None:
+        return data
+    opcode, _, at = [found for found in pickletools.genops(data) if "PUT" in found[0].name][-1]
+    end = data.index(b"\n", at) + 1 if opcode.name == "PUT" else at + (2 if opcode.name == "BINPUT" else 5)
+    return data[:at] + (b"p%d\n" % index if protocol == 0 else b"r" + struct.pack("<I", index)) + data[end:]
+
+
+def test_a_metadata_memo_index_beyond_its_size_is_refused_before_unpickling(tmp_path: Path) -> None:
+    """Four bytes of a LONG_BINPUT (or a PUT's line) would have the C unpickler set aside index x 16 bytes at
+    once; such a .metadata is refused by its reason, read in a child whose address space could not grant it,
+    while the memo puts of every protocol's honest pickle still pass."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"w": torch.ones(64)}, checkpoint_id=str(tmp_path / "saved"), no_dist=True)
+    metadata = (tmp_path / "saved" / ".metadata").read_bytes()
+    cases = {f"protocol {protocol}": _memo_put_at(metadata, protocol, None) for protocol in (0, 2, 5)}
+    cases["LONG_BINPUT 2**32-1"] = _memo_put_at(metadata, 2, 2**32 - 1)
+    cases["PUT 10**11"] = _memo_put_at(metadata, 0, 10**11)
+    for name, data in cases.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / ".metadata").write_bytes(data)
+        (tmp_path / name / "__0_0.distcp").write_bytes((tmp_path / "saved" / "__0_0.distcp").read_bytes())
+    child = ("import json, resource, sys\n"
+             "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
+             "from ft_plugins.checkpoint.probes import probe\n"
+             "print(json.dumps({name: probe(f'{sys.argv[1]}/{name}/.metadata') for name in sys.argv[2:]}))")
+    result = subprocess.run([PYTHON, "-c", child, str(tmp_path), *cases], capture_output=True, text=True, timeout=120)
+    reasons = json.loads(result.stdout)
+    assert {name: reasons[name] for name in cases if name.startswith("protocol")} == dict.fromkeys(
+        ["protocol 0", "protocol 2", "protocol 5"]), reasons
+    assert "memo index 4294967295 beyond the pickle's" in reasons["LONG_BINPUT 2**32-1"], reasons
+    assert "memo index 100000000000 beyond the pickle's" in reasons["PUT 10**11"], reasons

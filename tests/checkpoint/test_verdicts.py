@@ -8,8 +8,10 @@ import json
 import logging
 import os
 import sys
+import time
 import warnings
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -60,9 +62,9 @@ def probes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     probed: list[str] = []
     real = select_module.probe
 
-    def counted(path: str, deep: bool = False) -> str | None:
+    def counted(path: str, deep: bool = False, stat_of: Callable[[str], os.stat_result] = os.stat) -> str | None:
         probed.append(path)
-        return real(path, deep)
+        return real(path, deep, stat_of)
 
     monkeypatch.setattr(select_module, "probe", counted)
     return probed
@@ -115,6 +117,28 @@ def test_a_file_changed_after_the_verdict_is_checked_again_and_refused(save: Pat
     assert probes  # the verdict no longer stands: the full check ran
     assert selection.path == str(save / "iter_0000002")
     assert selection.skipped[0].path == str(newest) and reason in selection.skipped[0].reason
+
+
+def test_a_file_changed_while_the_check_runs_leaves_no_verdict_that_stands(save: Path, probes: list[str],
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The verdict is of the one stat taken of each file before it was read: a byte changed after that (here
+    while the files are probed, after the manifest's digests were read) leaves a verdict that no longer
+    matches, so the next check is full and finds the change."""
+    newest = save / "iter_0000004"
+    counted = select_module.probe
+
+    def changing(path: str, deep: bool = False, stat_of: Callable[[str], os.stat_result] = os.stat) -> str | None:
+        if not probes:
+            time.sleep(0.05)  # past a tick of the file system's clock, which a same-tick change would share
+            _rewrite_same_size_and_mtime(_data_file(newest))
+        return counted(path, deep, stat_of)
+
+    monkeypatch.setattr(select_module, "probe", changing)
+    assert find_latest(save).path == str(newest)  # the digests were read before the change
+    probes.clear()
+    selection = find_latest(save)
+    assert probes and selection.path == str(save / "iter_0000002")
+    assert "content differs from the manifest" in selection.skipped[0].reason
 
 
 def test_a_file_added_or_a_manifest_changed_makes_the_verdict_count_for_nothing(save: Path, probes: list[str]) -> None:
@@ -208,3 +232,20 @@ def test_metadata_reader_imports_and_calls_nothing_the_file_names(tmp_path: Path
     before = set(sys.modules)
     assert storage_extents(io.BytesIO(data)) == {"__0_0.distcp": 12}
     assert set(sys.modules) == before and not called.exists()
+
+
+def test_calls_that_wait_on_the_file_system_go_side_by_side_in_order() -> None:
+    """What a slow metadata server costs is waiting, which threads overlap: once the first calls of a batch
+    waited (here 1 ms each), the rest run over the check's threads, and every result keeps its place."""
+    import threading
+
+    from ft_plugins.checkpoint.parallel import each
+
+    def waiting(item: int) -> tuple[int, str]:
+        time.sleep(0.001)
+        return item, threading.current_thread().name
+
+    results = each(waiting, range(200))
+    assert [item for item, _ in results] == list(range(200))
+    assert {name for _, name in results[:32]} == {threading.current_thread().name}
+    assert all(name.startswith("ft-ckpt-check") for _, name in results[32:])

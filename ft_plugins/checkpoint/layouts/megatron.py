@@ -63,10 +63,11 @@ class Megatron(Layout):
         entries = listdir(candidate.path)
         names = {entry.name for entry in entries}
         if names & {*self.DIST_REQUIRED, self.DIST_COMMON} or any(name.endswith(".distcp") for name in names):
+            paths = {entry.name: entry.path for entry in entries}
             required = [*self.DIST_REQUIRED, *sorted(n for n in names if n.endswith(".distcp"))]
             if self.DIST_COMMON in names or self._names_common_backend(os.path.join(candidate.path, "metadata.json")):
                 required.append(self.DIST_COMMON)
-            files = {name: os.path.join(candidate.path, name) for name in required}
+            files = {name: paths.get(name) or os.path.join(candidate.path, name) for name in required}
             problems = [] if any(name.endswith(".distcp") for name in names) else ["no *.distcp data files"]
             return files, problems
         files = {}
