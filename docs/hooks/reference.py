@@ -85,7 +85,8 @@ def cli_markdown() -> str:
     """One section per command: its usage, arguments and help, exactly as ``--help`` prints them."""
     sections = ["# CLI reference", "",
                 "Every `ft-plugins` command as `--help` prints it, written from the argument parsers in "
-                "`ft_plugins/cli/` by `python docs/hooks/reference.py`. Exit codes: 0 success, 1 failure, 2 usage error, "
+                "`ft_plugins/cli/` by `python docs/hooks/reference.py`. Exit codes: 0 success, 1 failure, "
+                "2 usage error, "
                 "3 nothing suitable found or refused."]
     for parser in _parsers(build_parser()):
         parser.formatter_class = functools.partial(parser.formatter_class, width=HELP_WIDTH)

@@ -8,7 +8,8 @@ stuck as its data loader hands out the step's first batch while rank 3 is killed
 death at once. ``recover`` starts replacing the dead rank 3; the repair waits for rank 2, which the launcher finds
 hung (its section's bound: the step's, not raised by the steps the faults cut short) and ends; a second rank lost
 during a repair is not repaired in place, so the survivors dump step 4 (one writer, though they stand in different
-group generations) and torchrun restarts the job, which resumes from the dump. The job ends by itself, exit 0, every step kept, its final save bit for bit the uninterrupted run's.
+group generations) and torchrun restarts the job, which resumes from the dump. The job ends by itself, exit 0, every
+step kept, its final save bit for bit the uninterrupted run's.
 """
 
 from __future__ import annotations
