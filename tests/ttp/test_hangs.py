@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -28,7 +27,7 @@ import pytest
 
 from report_check import check_faults
 from ttp_runs import ITERS, Job, Launch, run_supervised, same_as_reference
-from support import MEGATRON_EXAMPLE, TORCHRUN, free_port
+from support import MEGATRON_EXAMPLE, TORCHRUN, free_port, kill_tree
 
 STEP = 3  # rank 1 gets stuck in the step after 3 completed steps
 BOUNDS = {"FT_PLUGINS_HANGS_FLOOR": "3", "FT_PLUGINS_HANGS_WARMUP": "120", "FT_PLUGINS_HANGS_WARMUP_STEPS": "1",
@@ -150,8 +149,5 @@ def test_negative_control_without_ft_plugins_the_same_hang_is_still_waiting(tmp_
         time.sleep(10)
         assert process.poll() is None, "the job ended by itself"
     finally:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:  # it ended by itself
-            pass
+        kill_tree(process.pid)  # torchrun's workers too: each runs in a session of its own
         process.wait()
