@@ -2,7 +2,7 @@
 
 torch 2.13's ``LocalElasticAgent`` answers any worker failure by stopping every local worker and
 starting them all again. With ``recover`` on, :class:`Supervisor` looks at the workers first on each
-monitoring round: a worker that exited with an error is replaced by a new process with the same
+monitoring round, and again inside torch's own look (a worker dying between the two): a worker that exited with an error is replaced by a new process with the same
 ``RANK`` / ``LOCAL_RANK`` (and ``FT_PLUGINS_RECOVERY`` naming its generation), the generation is
 announced on the agent's store (:mod:`ft_plugins.recovery`), and the other workers are never
 signalled. torchrun's own handling runs instead, which ends in ``ttp``'s dump and a whole-job restart,
@@ -43,6 +43,7 @@ from ft_plugins.recovery import REFUSED, key, namespace, replacement_value
 log = logging.getLogger("ft_plugins.recover")
 
 AGENT = "torch.distributed.elastic.agent.server.local_elastic_agent"
+PROCESSES = "torch.distributed.elastic.multiprocessing.api"
 STORE_TIMEOUT = timedelta(seconds=30)
 PLACE = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK")
 ANSWER = 10.0  # seconds the spare template may take to hand a request to a spare (it takes milliseconds)
@@ -201,6 +202,7 @@ class Supervisor:
         self.lives: dict[int, int] = {}  # local rank -> replacements so far
         self.settled = 0  # the newest generation every rank finished repairing
         self.refusal = ""  # once set, torchrun's own handling runs for every failure of this attempt
+        self._round: tuple[Any, Any] | None = None  # the agent's round under way: its worker group and context
 
     def _follow_restarts(self, agent: Any, spec: Any) -> None:
         """Notice a whole-job restart by torchrun (its restart count moved): start the protocol afresh."""
@@ -212,14 +214,18 @@ class Supervisor:
                         "place again", attempt + 1, spec.max_restarts + 1)
 
     def install(self) -> None:
-        """Wrap the agent's monitoring round (imported here: this runs in the torchrun process only)."""
+        """Wrap the agent's monitoring round and the process context's own look at its workers (imported here:
+        this runs in the torchrun process only)."""
         import importlib
 
         import wrapt
 
         agent = importlib.import_module(AGENT).LocalElasticAgent
-        original = agent._monitor_workers
-        agent._monitor_workers = wrapt.FunctionWrapper(original, self.monitor)
+        agent._monitor_workers = wrapt.FunctionWrapper(agent._monitor_workers, self.monitor)
+        context = importlib.import_module(PROCESSES).SubprocessContext
+        if hasattr(context, "_capture_process_failures"):
+            context._capture_process_failures = wrapt.FunctionWrapper(context._capture_process_failures,
+                                                                       self.capture)
 
     def monitor(self, wrapped: Callable[..., Any], agent: Any, args: tuple, kwargs: dict) -> Any:
         worker_group = kwargs.get("worker_group", args[0] if args else None)
@@ -237,9 +243,31 @@ class Supervisor:
             for local_rank, pid in context.pids().items():  # the agent checks its workers' pids first
                 worker_group.workers[local_rank].id = pid
         self.spares.reap()
-        result = wrapped(*args, **kwargs)
+        self._round = (worker_group, context)
+        try:
+            result = wrapped(*args, **kwargs)
+        finally:
+            self._round = None
         if result.state.name != "HEALTHY" or self.refusal:
             self.spares.stop()  # the job ends or restarts as a whole: nothing left to take over
+        return result
+
+    def capture(self, wrapped: Callable[..., Any], context: Any, args: tuple, kwargs: dict) -> Any:
+        """torch's own look at the workers, inside the agent's round: a worker that died after this round's look
+        above is replaced here, before the process context would stop every worker for it (under load the two
+        looks are tens of milliseconds apart)."""
+        result = wrapped(*args, **kwargs)
+        worker_group, current = self._round or (None, None)
+        done = kwargs.get("done_local_ranks", args[0] if args else None)
+        if current is not context or worker_group is None or done is None:
+            return result
+        for local_rank in sorted(context._failures):
+            if self.refusal:
+                break  # torchrun's own handling for what is left
+            self._failed(worker_group, context, local_rank, context._failures[local_rank].exitcode)
+            if not self.refusal:
+                del context._failures[local_rank]
+                done.discard(local_rank)
         return result
 
     def _failed(self, worker_group: Any, context: Any, local_rank: int, code: int) -> None:
