@@ -1,23 +1,22 @@
 """The launcher side of ``recover``, inside the torchrun process: only the failed worker is restarted.
 
-torch 2.13's ``LocalElasticAgent`` answers any worker failure by stopping every local worker and
-starting them all again. With ``recover`` on, :class:`Supervisor` looks at the workers first on each
-monitoring round, and again inside torch's own look (a worker dying between the two): a worker that exited with an error is replaced by a new process with the same
-``RANK`` / ``LOCAL_RANK`` (and ``FT_PLUGINS_RECOVERY`` naming its generation), the generation is
-announced on the agent's store (:mod:`ft_plugins.recovery`), and the other workers are never
-signalled. torchrun's own handling runs instead, which ends in ``ttp``'s dump and a whole-job restart,
-when recovery cannot work: the store is not the agent's, a second worker fails before the current
-repair is done, or a generation was abandoned. Each of these is said in one line. With warm spares
-(:class:`Spares`) the new process is one the spare template (:mod:`.spare`) forked ahead, torch and
-megatron imported; torchrun holds it through :class:`Forked`, as it holds a ``Popen``.
+torch 2.13's ``LocalElasticAgent`` answers any worker failure by stopping every local worker and starting them all
+again. With ``recover`` on, :class:`Supervisor` looks at the workers first on each monitoring round, and again
+inside torch's own look (a worker dying between the two): a worker that exited with an error is replaced by a new
+process with the same ``RANK`` / ``LOCAL_RANK`` (and ``FT_PLUGINS_RECOVERY`` naming its generation), the generation
+is announced on the agent's store (:mod:`ft_plugins.recovery`), and the other workers are never signalled.
+torchrun's own handling runs instead, which ends in ``ttp``'s dump and a whole-job restart, when recovery cannot
+work: the store is not the agent's, a second worker fails before the current repair is done, or a generation was
+abandoned. Each of these is said in one line. With warm spares (:class:`Spares`) the new process is one the spare
+template (:mod:`.spare`) forked ahead, torch and megatron imported; torchrun holds it through :class:`Forked`, as
+it holds a ``Popen``.
 
-A forked worker is the template's child: the template reports its exit code. If the template dies first,
-the code must still be known exactly (a clean end is not a failure; a failure is not a clean end). A worker
-cannot report its own code: the faults recovery is for kill it by a signal, and ft_plugins' dying gasp
-leaves through ``os._exit``; only a parent learns how a process ended. So the launcher makes itself the
-subreaper of what it starts (``PR_SET_CHILD_SUBREAPER``): a dead template's spares become its children, and
-it waits for them itself. It then collects what else it adopts (a lost worker's children), which would stay
-zombies until torchrun ends.
+A forked worker is the template's child: the template reports its exit code. If the template dies first, the code
+must still be known exactly (a clean end is not a failure; a failure is not a clean end). A worker cannot report
+its own code: the faults recovery is for kill it by a signal, and ft_plugins' dying gasp leaves through
+``os._exit``; only a parent learns how a process ended. So the launcher makes itself the subreaper of what it
+starts (``PR_SET_CHILD_SUBREAPER``): a dead template's spares become its children, and it waits for them itself. It
+then collects what else it adopts (a lost worker's children), which would stay zombies until torchrun ends.
 """
 
 from __future__ import annotations
