@@ -17,7 +17,8 @@ from support import NEWER_MINDSPORE, PYTHON
 HERE = Path(__file__).resolve().parent
 MODULES = ("test_model_train.py", "test_dump.py", "test_step_hook.py", "test_ttp.py",
            "test_msrun.py::test_a_crash_between_saves_loses_no_step_with_ttp")
-NEWEST = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(NEWER_MINDSPORE), os.environ.get("PYTHONPATH")]))}
+NEWEST = {**os.environ,
+          "PYTHONPATH": os.pathsep.join(filter(None, [str(NEWER_MINDSPORE), os.environ.get("PYTHONPATH")]))}
 
 
 def test_the_newest_mindspore_is_the_one_the_tests_import() -> None:
