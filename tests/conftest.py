@@ -51,6 +51,9 @@ def pytest_configure(config: pytest.Config) -> None:
     start, run in a scratch directory (a ``python -c`` child would otherwise put the current directory, the
     tree, first on its path)."""
     sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != _TREE]
+    if missing := named_but_missing():
+        raise pytest.UsageError(f"tests/conftest.py names test modules that do not exist: {', '.join(missing)}: "
+                                "update SHARING and LONGEST_FIRST to where they moved")
     import ft_plugins
 
     where = Path(ft_plugins.__file__).resolve().parent
@@ -73,6 +76,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if scratch:
         os.chdir(config.invocation_params.dir)
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def named_but_missing() -> list[str]:
+    """The modules SHARING and LONGEST_FIRST name that are not there: a moved module would silently lose its
+    group (its reference run made twice) and its place in the order."""
+    named = [module for modules in SHARING.values() for module in modules]
+    named += [name for name in LONGEST_FIRST if name not in SHARING]
+    return [name for name in named if not (_TESTS / name).is_file()]
 
 
 def _group(path: str) -> str:
