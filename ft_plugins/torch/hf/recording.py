@@ -1,5 +1,5 @@
-"""Trainer glue for the job's events (:mod:`ft_plugins.events`), as :mod:`ft_plugins.torch.megatron.recording` is
-Megatron's: training under way (its first step begins: the model built, any checkpoint loaded) and its end, each optimizer step,
+"""Trainer glue for :mod:`ft_plugins.events`, as :mod:`ft_plugins.torch.megatron.recording` is Megatron's:
+training under way (its first step begins: the model built, any checkpoint loaded) and its end, each optimizer step,
 each save with its step and, from the process that writes the Trainer's state, its size."""
 
 from __future__ import annotations
