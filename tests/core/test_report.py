@@ -1,5 +1,5 @@
 """``ft-plugins report`` on events written here by hand (no process started): the goodput arithmetic, each fault's
-row, and the reader's one-line refusals and notes on bad input. Real jobs' reports: tests/ttp (the in-place
+row, and the reader's one-line refusals and notes on bad input. Real jobs' reports: tests/torch_megatron (the in-place
 recoveries of test_replicated_dump.py, the dump + restart of test_recover_flags.py and test_auto_restart.py)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Trainer glue for the job's events (:mod:`ft_plugins.events`), as :mod:`ft_plugins.torch.recording` is Megatron's:
+"""Trainer glue for :mod:`ft_plugins.events`, as :mod:`ft_plugins.torch.megatron.recording` is Megatron's:
 training under way (its first step begins: the model built, any checkpoint loaded) and its end, each optimizer step,
 each save with its step and, from the process that writes the Trainer's state, its size."""
 

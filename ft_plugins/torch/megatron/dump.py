@@ -29,7 +29,8 @@ from ft_plugins.faults import RESTART_VAR
 from ft_plugins.features.ttp import Ttp
 from ft_plugins.rank import global_rank
 from ft_plugins.steps import FORWARD, UPDATED, Frozen
-from ft_plugins.torch.state import RESUMES_TORCH_FORMAT, megatron, megatron_args, saved_state, sharded_optimizers
+from ft_plugins.torch.megatron.state import (RESUMES_TORCH_FORMAT, megatron, megatron_args, saved_state,
+                                             sharded_optimizers)
 from ft_plugins.torch.store import claim
 
 log = logging.getLogger("ft_plugins.ttp")

@@ -10,7 +10,7 @@ import pytest
 from ft_plugins.runtime import activate
 from support import FAKES, old_mindio, statuses
 
-MINDSPEED_LLM_SHAPED = FAKES.parent / "torch_plugin" / "fixtures"  # holds a package named mindspeed_llm
+MINDSPEED_LLM_SHAPED = FAKES.parent / "torch_megatron" / "fixtures"  # holds a package named mindspeed_llm
 
 
 def _ttp(env: dict[str, str]) -> tuple[bool, str, object]:
@@ -163,7 +163,7 @@ def test_high_availability_without_mindspeed_llm_leaves_ttp_on_and_says_so(clean
 def test_mindio_with_the_old_api_is_named_and_training_goes_on(clean: pytest.MonkeyPatch, tmp_path,
                                                                caplog: pytest.LogCaptureFixture) -> None:
     """A MindIO from before the tft_* rename (ttp_* functions) is not driven: said once, never a crash."""
-    from ft_plugins.torch.ttp import MegatronTtp
+    from ft_plugins.torch.megatron.ttp import MegatronTtp
 
     old_mindio(tmp_path)
     clean.syspath_prepend(str(tmp_path))

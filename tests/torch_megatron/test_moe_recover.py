@@ -8,7 +8,7 @@ Rank 1 lost: its state must come from rank 3, the one survivor holding the same 
 by their experts too, rank 0 sent its own (expert 0's) and the run ended with exit 0 and wrong weights. The final
 save's expert shards (``mp_rank_00_000``, ``mp_rank_00_001``: the latter written by the replacement) are the
 uninterrupted run's bit for bit, optimizer included. With Megatron's distributed optimizer the experts' optimizer
-shards are not handed over yet: refused at the start (``tests/ttp/test_recover.py``).
+shards are not handed over yet: refused at the start (``tests/torch_megatron/test_recover.py``).
 """
 
 from __future__ import annotations

@@ -202,7 +202,7 @@ def test_negative_control_without_ft_plugins_the_same_fault_ends_the_job(tmp_pat
 ], ids=["data-parallel", "distributed-optimizer-two-instances", "distributed-optimizer-one-instance",
         "pipeline", "moe", "moe-distributed-optimizer", "virtual-pipeline", "torch-dist", "fsdp-dtensor"])
 def test_what_recover_cannot_replace_is_said_at_the_start(layout: dict, refusal: str) -> None:
-    from ft_plugins.torch.handover import unsupported
+    from ft_plugins.torch.megatron.handover import unsupported
 
     megatron_args = SimpleNamespace(**{"pipeline_model_parallel_size": 1, "use_distributed_optimizer": False,
                                        "num_distributed_optimizer_instances": 1, **layout})
@@ -214,7 +214,7 @@ def test_virtual_pipeline_stages_keep_each_chunks_batches_and_read_them_again_to
     a step run again reads each chunk's batches again; a step done by a peer skips each chunk's unread ones."""
     from types import SimpleNamespace
 
-    from ft_plugins.torch.handover import Chunks, kept
+    from ft_plugins.torch.megatron.handover import Chunks, kept
 
     rerun = SimpleNamespace(iterable=iter(range(100, 110)))
     batches, given = kept([iter(range(10)), rerun])
@@ -236,7 +236,7 @@ def test_train_called_again_on_the_same_iterators_reuses_their_batches_with_the_
     per model chunk (megatron's RerunDataIterator among them); a replacement's chunks skip what was consumed."""
     from types import SimpleNamespace
 
-    from ft_plugins.torch.handover import kept
+    from ft_plugins.torch.megatron.handover import kept
 
     def read(given: Any) -> list[int]:
         return [next(getattr(member, "iterable", member)) for member in (given if isinstance(given, list) else [given])]

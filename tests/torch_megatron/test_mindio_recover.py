@@ -9,7 +9,7 @@ processes, nothing is read from disk, and the final save equals the uninterrupte
 
 In-process: a handler called out of order, or for a layout it cannot repair, answers MindIO's failure code
 (through the stand-in's own wrapping of the handler) and says why in one line; MindIO's dump path then still
-works. The same fault without ft_plugins ends the job (tests/ttp/test_recover.py's negative control, the
+works. The same fault without ft_plugins ends the job (tests/torch_megatron/test_recover.py's negative control, the
 same DP=4 launch and fault); with recover off, the old handlers decline and MindIO can only dump.
 """
 
@@ -139,8 +139,8 @@ def wired(mindio: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any, Write
     from mindio_ttp import arf
 
     from ft_plugins.steps import StepTracker
-    from ft_plugins.torch import mindio_recover
-    from ft_plugins.torch.mindio import MindioDriver
+    from ft_plugins.torch.megatron import mindio_recover
+    from ft_plugins.torch.megatron.mindio import MindioDriver
 
     tracker, writer = StepTracker(), Writer()
     recovery = mindio_recover.MindioRecovery(SimpleNamespace(settings={"timeout": 5.0}, recoveries=[]),
@@ -199,7 +199,7 @@ def test_a_layout_the_handlers_cannot_repair_is_refused_then_mindios_dump_still_
         wired: tuple, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, layout: dict, info: dict,
         why: str) -> None:
     arf, recovery, writer = wired
-    from ft_plugins.torch import mindio_recover
+    from ft_plugins.torch.megatron import mindio_recover
 
     monkeypatch.setattr(mindio_recover, "megatron_args", lambda: SimpleNamespace(
         **{"use_distributed_optimizer": False, **layout}))
@@ -225,7 +225,7 @@ def test_a_memory_error_is_refused_by_clean_with_mindios_code(wired: tuple, capl
 def test_without_recover_the_old_handlers_decline_and_mindio_can_only_dump(mindio: Any) -> None:
     from mindio_ttp import arf
 
-    from ft_plugins.torch.mindio import _declined
+    from ft_plugins.torch.megatron.mindio import _declined
 
     for kind in ("rebuild_group", "repair", "rollback"):
         getattr(mindio, f"tft_register_{kind}_handler")(_declined(kind))
@@ -239,7 +239,7 @@ def test_a_failed_step_stops_children_ending_raising_in_the_main_thread_unless_r
     loader workers (torch's SIGCHLD handler would raise in that wait); a process that may be repaired
     trains on and keeps the data loader's watch on its workers."""
     from ft_plugins.steps import StepTracker
-    from ft_plugins.torch.mindio import MindioDriver
+    from ft_plugins.torch.megatron.mindio import MindioDriver
 
     def data_loader(signum: int, frame: Any) -> None:  # what torch's DataLoader installs
         raise RuntimeError("DataLoader worker is killed by signal: Terminated.")

@@ -33,11 +33,11 @@ from ft_plugins.features.recover import Recover
 from ft_plugins.patching import Patch
 from ft_plugins.rank import global_rank, is_rank_zero
 from ft_plugins.recovery import key, worker_namespace
-from ft_plugins.torch import loop
-from ft_plugins.torch.handover import (Batches, Chunks, apply, kept, receive, send, set_rng, state_at,
-                                       unreplicated, without_load)
-from ft_plugins.torch.regroup import Regroup, megatron_roots, require_successors
-from ft_plugins.torch.state import megatron, megatron_args
+from ft_plugins.torch.megatron import loop
+from ft_plugins.torch.megatron.handover import (Batches, Chunks, apply, kept, receive, send, set_rng, state_at,
+                                                unreplicated, without_load)
+from ft_plugins.torch.megatron.regroup import Regroup, megatron_roots, require_successors
+from ft_plugins.torch.megatron.state import megatron, megatron_args
 from ft_plugins.vendors import mindio
 
 log = logging.getLogger("ft_plugins.recover")

@@ -60,7 +60,7 @@ def test_a_hang_in_the_data_loader_while_another_rank_dies_ends_in_a_dump_and_a_
     assert hung.lines("recover: rank 3 exited with code -9; replacement pid")
     stacks = _stacks(hung, 2)
     assert f"in data of step {DATA + 1} (bound 3.0 s)" in stacks, "the step bound, not one a fault's wait taught"
-    assert STACK in stacks and "ft_plugins/torch/drill.py" in stacks and "in __next__" in stacks
+    assert STACK in stacks and "ft_plugins/torch/megatron/drill.py" in stacks and "in __next__" in stacks
     assert hung.lines("recover: rank 2 exited with code -9 and is not replaced: a second fault during recovery")
     # one writer: a survivor of generation 1 (holding) and its replacement of rank 1 (joined to it) had both written
     assert len(hung.lines(f"dumped mp_rank_00 of iteration {DATA} in")) == 1 and not hung.lines("dump failed")

@@ -17,7 +17,7 @@ import wrapt
 from ft_plugins import progress
 from ft_plugins.patching import Patch
 from ft_plugins.rank import env_rank, is_rank_zero
-from ft_plugins.torch.state import CHECKPOINTING, MINDSPEED_LLM_TRAINING, TRAINING, current_iteration
+from ft_plugins.torch.megatron.state import CHECKPOINTING, MINDSPEED_LLM_TRAINING, TRAINING, current_iteration
 
 log = logging.getLogger("ft_plugins.hangs")
 

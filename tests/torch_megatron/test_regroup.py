@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ft_plugins.torch import regroup
+from ft_plugins.torch.megatron import regroup
 
 
 COLLECT = gc.collect  # the collector itself, not the recording stand-in the tests put in its place

@@ -11,8 +11,8 @@ from typing import Any, Callable
 from ft_plugins import events
 from ft_plugins.patching import Patch
 from ft_plugins.rank import global_rank
-from ft_plugins.torch.state import (CHECKPOINTING, MINDSPEED_LLM_TRAINING, TRAINING, current_iteration,
-                                    megatron_args)
+from ft_plugins.torch.megatron.state import (CHECKPOINTING, MINDSPEED_LLM_TRAINING, TRAINING, current_iteration,
+                                             megatron_args)
 
 
 class MegatronEvents:

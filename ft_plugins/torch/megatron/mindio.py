@@ -17,8 +17,8 @@ from typing import Any, Callable
 from ft_plugins.features.ttp import Ttp
 from ft_plugins.rank import env_rank
 from ft_plugins.steps import UPDATED, StepTracker
-from ft_plugins.torch.megatron_dump import MegatronDump
-from ft_plugins.torch.state import megatron, megatron_args
+from ft_plugins.torch.megatron.dump import MegatronDump
+from ft_plugins.torch.megatron.state import megatron, megatron_args
 from ft_plugins.logs import exit_now
 from ft_plugins.triggers import EXIT_ON_ERROR, UPDATE_WAIT, ignore_children
 from ft_plugins.vendors.mindio import TorchProcess, load_framework_api

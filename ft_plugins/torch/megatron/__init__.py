@@ -27,8 +27,8 @@ from ft_plugins.features.ttp import Ttp
 from ft_plugins.patching import MissingSymbol, Patch, PatchSet
 from ft_plugins.rank import global_rank
 from ft_plugins.runtime import Runtime
-from ft_plugins.torch.state import (CHECKPOINTING, INITIALIZE, MINDSPEED_LLM_TRAINING, OPTIMIZER, TRAINING, UPDATES,
-                                     current_iteration, megatron_version)
+from ft_plugins.torch.megatron.state import (CHECKPOINTING, INITIALIZE, MINDSPEED_LLM_TRAINING, OPTIMIZER, TRAINING,
+                                             UPDATES, current_iteration, megatron_version)
 from ft_plugins.vendors import versions
 
 log = logging.getLogger("ft_plugins.torch")
@@ -62,7 +62,7 @@ class MegatronIntegration:
         if resume is not None:  # its glue imported with megatron's checkpointing, not in every process
             self.patch_sets.append(PatchSet("resume", lambda: _resume_patches(resume), self._missing, (CHECKPOINTING,)))
         if os.environ.get(INJECT_VAR, "").strip():
-            from ft_plugins.torch.drill import FaultDrill
+            from ft_plugins.torch.megatron.drill import FaultDrill
 
             drill = FaultDrill()  # before ttp: ttp has seen the step (or update) begin when a fault fires
             self._add("faults", Patch(TRAINING, "train_step", drill.train_step),
@@ -71,17 +71,17 @@ class MegatronIntegration:
                       Patch(CHECKPOINTING, "save_checkpoint", drill.save_checkpoint))
         ttp = runtime.running(Ttp)
         if ttp is not None:  # added after resume: its load wrapper commits before resume chooses
-            from ft_plugins.torch.ttp import MegatronTtp
+            from ft_plugins.torch.megatron.ttp import MegatronTtp
 
             glue = MegatronTtp(ttp, runtime.config.strict)
             self._recover(glue)  # inside ttp's step hook: a recovered step never reaches ttp's dump
             self._add("ttp", *glue.patches())
         if runtime.running(Hangs) is not None:  # last, so outermost: a step reported before a drill fires in it
-            from ft_plugins.torch.hangs import MegatronProgress
+            from ft_plugins.torch.megatron.hangs import MegatronProgress
 
             self._add("hangs", *MegatronProgress().patches())
         if events.recording():  # the outermost: a step repaired in place stays one step
-            from ft_plugins.torch.recording import MegatronEvents
+            from ft_plugins.torch.megatron.recording import MegatronEvents
 
             self._add("events", *MegatronEvents().patches())
 
@@ -92,12 +92,12 @@ class MegatronIntegration:
         if recover is None or ttp.engine is None:
             return
         if ttp.engine == "mindio":  # MindIO's controller drives the repair through its handlers
-            from ft_plugins.torch.mindio_recover import MindioRecovery
+            from ft_plugins.torch.megatron.mindio_recover import MindioRecovery
 
             ttp.mindio.recovery = MindioRecovery(recover, ttp)
             self._add("recover", *ttp.mindio.recovery.patches())
             return
-        from ft_plugins.torch.recover import MegatronRecovery
+        from ft_plugins.torch.megatron.recover import MegatronRecovery
 
         self._add("recover", *MegatronRecovery(recover, ttp).patches())
 
@@ -165,7 +165,7 @@ class MegatronIntegration:
 
 
 def _resume_patches(resume: Resume) -> tuple[Patch, ...]:
-    from ft_plugins.torch.resume import MegatronResume
+    from ft_plugins.torch.megatron.resume import MegatronResume
 
     glue = MegatronResume(resume)
     return (Patch(CHECKPOINTING, "load_checkpoint", glue.load_checkpoint),

@@ -20,7 +20,7 @@ import os
 import traceback
 from typing import Any, Callable
 
-from ft_plugins.torch.state import megatron
+from ft_plugins.torch.megatron.state import megatron
 
 TIMERS = ("save-checkpoint", "save-checkpoint-non-persistent")
 

@@ -2,9 +2,9 @@
 last completed step in Megatron's own layout, and the dump is committed.
 
 - :class:`ft_plugins.steps.StepTracker`: the step's phases, the last completed step K, "inside the update";
-- :class:`ft_plugins.torch.megatron_dump.MegatronDump`: the dump writer and its commit;
+- :class:`ft_plugins.torch.megatron.dump.MegatronDump`: the dump writer and its commit;
 - the trigger: the built-in engine's :class:`ft_plugins.triggers.DyingGasp` (SIGTERM watcher, fatal
-  exception), or MindIO's controller through :class:`ft_plugins.torch.mindio.MindioDriver`.
+  exception), or MindIO's controller through :class:`ft_plugins.torch.megatron.mindio.MindioDriver`.
 
 What it hooks, and why: ``train_step`` (the iteration starting with K completed steps, the objects a save
 needs, the RNG state at the step boundary; a fatal exception inside the step dumps, then exits with code 1);
@@ -22,11 +22,11 @@ from typing import Any, Callable
 from ft_plugins.features.ttp import Ttp
 from ft_plugins.patching import Patch
 from ft_plugins.steps import StepTracker
-from ft_plugins.torch.megatron_dump import MegatronDump
-from ft_plugins.torch.mindio import MindioDriver
-from ft_plugins.torch.replicas import MegatronReplicas
-from ft_plugins.torch.state import (CHECKPOINTING, INITIALIZE, MINDSPEED_LLM_TRAINING, OPTIMIZER, TRAINING, UPDATES,
-                                     current_iteration)
+from ft_plugins.torch.megatron.dump import MegatronDump
+from ft_plugins.torch.megatron.mindio import MindioDriver
+from ft_plugins.torch.megatron.replicas import MegatronReplicas
+from ft_plugins.torch.megatron.state import (CHECKPOINTING, INITIALIZE, MINDSPEED_LLM_TRAINING, OPTIMIZER, TRAINING,
+                                             UPDATES, current_iteration)
 from ft_plugins.triggers import EXIT_ON_ERROR, DyingGasp
 
 

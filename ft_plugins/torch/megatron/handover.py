@@ -17,7 +17,7 @@ import random
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from ft_plugins.torch.state import RESUMES_TORCH_FORMAT, megatron, saved_state, sharded_optimizers
+from ft_plugins.torch.megatron.state import RESUMES_TORCH_FORMAT, megatron, saved_state, sharded_optimizers
 
 log = logging.getLogger("ft_plugins.recover")
 

@@ -47,12 +47,12 @@ from ft_plugins.rank import global_rank, is_rank_zero
 from ft_plugins.recovery import (LOG, REFUSED, SAVE as SAVING, STEP, Standing, key, plan, replacement,
                                  resume_collection, resumption, supervised, worker_namespace)
 from ft_plugins.steps import FORWARD, IDLE, UPDATED
-from ft_plugins.torch import loop
-from ft_plugins.torch.handover import (Batches, Chunks, apply, kept, receive, send, set_rng, state_at, step_samples,
-                                       unsupported, what_this_rank_holds, without_load)
-from ft_plugins.torch.regroup import Regroup, megatron_roots, require_successors
-from ft_plugins.torch.state import current_iteration, megatron
-from ft_plugins.torch.ttp import MegatronTtp
+from ft_plugins.torch.megatron import loop
+from ft_plugins.torch.megatron.handover import (Batches, Chunks, apply, kept, receive, send, set_rng, state_at,
+                                                step_samples, unsupported, what_this_rank_holds, without_load)
+from ft_plugins.torch.megatron.regroup import Regroup, megatron_roots, require_successors
+from ft_plugins.torch.megatron.state import current_iteration, megatron
+from ft_plugins.torch.megatron.ttp import MegatronTtp
 from ft_plugins.triggers import EXIT_ON_ERROR
 
 log = logging.getLogger("ft_plugins.recover")

@@ -79,7 +79,7 @@ def test_the_hung_rank_s_stacks_are_in_the_log(recovered: Job) -> None:
     after = recovered.output.split(_hung_lines(recovered)[0], 1)[1]
     assert "Its stacks:" in _hung_lines(recovered)[0]
     stacks = after.split("hangs: rank 0 waits", 1)[0]
-    assert STACK in stacks and "ft_plugins/torch/drill.py" in stacks and "in train_step" in stacks
+    assert STACK in stacks and "ft_plugins/torch/megatron/drill.py" in stacks and "in train_step" in stacks
 
 
 def test_a_save_slower_than_the_step_bound_is_no_hang(recovered: Job) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from support import FAKES, PYTHON, REPO, read_records
 
-FIXTURES = REPO / "tests" / "torch_plugin" / "fixtures"
+FIXTURES = REPO / "tests" / "torch_megatron" / "fixtures"
 TARGETS = (
     ("megatron.training.training", "train_step"),
     ("megatron.training.checkpointing", "save_checkpoint"),
@@ -179,7 +179,8 @@ def test_import_loads_neither_torch_npu_nor_mindspore() -> None:
     control = _python("import mindio_ttp; " + vendors, FAKES, **features)
     assert control.stdout.strip() == "['mindio_ttp']", control.stderr
     lazy = probe.format(('mindspore', 'megatron', 'ft_plugins.checkpoint.select', 'ft_plugins.checkpoint.layouts',
-                         'ft_plugins.replicas', 'ft_plugins.torch.ttp', 'ft_plugins.steps', 'ft_plugins.triggers'))
+                         'ft_plugins.replicas', 'ft_plugins.torch.megatron.ttp', 'ft_plugins.steps',
+                         'ft_plugins.triggers'))
     result = _python(lazy, FT_PLUGINS="auto")
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
 

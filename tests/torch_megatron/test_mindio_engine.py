@@ -25,7 +25,7 @@ STEP = 3  # completed steps when rank 1 dies
 FAR = ("--save-interval", "100")  # no periodic save: whatever is not lost is the dump's doing
 HANDLERS = ["save_ckpt", "rename", "exit", "stop", "clean", "repair", "rollback", "rebuild_group", "stream_sync"]
 UPDATE_CALLS = ("tft_start_updating_os", "tft_end_updating_os", "tft_pause_train")
-MINDSPEED_ENTRY = Path(__file__).resolve().parents[1] / "torch_plugin" / "fixtures" / "mindspeed_entry.py"
+MINDSPEED_ENTRY = Path(__file__).resolve().parent / "fixtures" / "mindspeed_entry.py"
 
 
 def _with_mindio(record: Path) -> dict[str, str]:

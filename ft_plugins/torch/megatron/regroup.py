@@ -21,7 +21,7 @@ from datetime import timedelta
 from typing import Any, Callable, Iterable
 
 from ft_plugins.patching import Patch
-from ft_plugins.torch.state import megatron
+from ft_plugins.torch.megatron.state import megatron
 
 log = logging.getLogger("ft_plugins.recover")
 

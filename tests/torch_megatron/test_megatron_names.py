@@ -17,7 +17,7 @@ import ft_plugins
 
 from support import NEWER_MEGATRON, PYTHON
 
-GLUE = Path(ft_plugins.__file__).resolve().parent / "torch"
+GLUE = Path(ft_plugins.__file__).resolve().parent / "torch" / "megatron"
 CALL = re.compile(r'megatron\("([\w.]+)"\)\.(\w+)')  # state.megatron("core.utils").unwrap_model
 IMPORT = re.compile(r"from (megatron\.[\w.]+) import (\w+)")
 CONSTANT = re.compile(r'^([A-Z_]+) = "(megatron\.[\w.]+)"', re.M)  # TRAINING = "megatron.training.training"
@@ -41,7 +41,7 @@ print(json.dumps(missing))
 
 def names_reached() -> set[tuple[str, str]]:
     """(module, dotted attribute) of every megatron name the torch glue calls, imports or patches."""
-    sources = [path.read_text() for path in GLUE.glob("*.py")]  # the Megatron glue (hf/ is the Trainer's)
+    sources = [path.read_text() for path in GLUE.glob("*.py")]
     constants = {name: module for source in sources for name, module in CONSTANT.findall(source)}
     names = {(f"megatron.{module}", attribute) for source in sources for module, attribute in CALL.findall(source)}
     names |= {(module, attribute) for source in sources for module, attribute in IMPORT.findall(source)}

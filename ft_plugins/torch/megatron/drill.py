@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ft_plugins import faults
-from ft_plugins.torch.state import current_iteration
+from ft_plugins.torch.megatron.state import current_iteration
 
 
 class FaultDrill:

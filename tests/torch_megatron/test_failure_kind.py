@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from ft_plugins.torch.loop import attempt
+from ft_plugins.torch.megatron.loop import attempt
 
 SITE = os.path.join(os.sep, "venv", "lib", "python3.11", "site-packages")
 C10D = os.path.join(SITE, "torch", "distributed", "distributed_c10d.py")

@@ -115,7 +115,7 @@ def test_replicas_data_parallel_cannot_take_warn_and_run_unreplicated_otherwise(
     assert "every optimizer shard has a single holder" in warning
     assert summary.startswith("INFO ttp: distributed optimizer with 1 replica over data-parallel size 4 ")
     assert summary.endswith("8.00 bytes per parameter with mixed precision, against 8.00 unreplicated")
-    assert case["refusal"] == "", "the dump serves the distributed optimizer (tests/ttp/test_replicated_dump.py)"
+    assert case["refusal"] == "", "the dump serves the distributed optimizer (test_replicated_dump.py)"
 
 
 def test_auto_with_odd_data_parallel_warns_of_single_holders(cases: dict[str, dict]) -> None:

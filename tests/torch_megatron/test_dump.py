@@ -204,6 +204,6 @@ def test_the_megatron_dump_serves_the_formats_whose_load_reads_a_torch_format_di
                                                                                          refusal: str) -> None:
     from types import SimpleNamespace
 
-    from ft_plugins.torch.megatron_dump import unsupported
+    from ft_plugins.torch.megatron.dump import unsupported
 
     assert unsupported(SimpleNamespace(**{"ckpt_format": "torch", **given})) == refusal
