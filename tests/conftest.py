@@ -23,7 +23,8 @@ SHARING = {
     "ttp-4-ranks": ("ttp/test_recover.py", "ttp/test_mindio_recover.py", "ttp/test_model_parallel.py",
                     "ttp/test_hangs_4_ranks.py"),
     "ttp-2-ranks": ("ttp/test_builtin_engine.py", "ttp/test_mindio_engine.py", "ttp/test_auto_restart.py",
-                    "ttp/test_one_decision.py", "ttp/test_recover_flags.py", "ttp/test_hangs.py"),
+                    "ttp/test_one_decision.py", "ttp/test_recover_flags.py", "ttp/test_hangs.py",
+                    "ttp/test_dump_grace.py"),
     "hf-trainer": ("hf/test_trainer_ttp.py", "hf/test_trainer_runs.py", "hf/test_trainer_hooks.py"),
 }
 # The groups whose real multi-process runs take longest, longest first: they start first, so that the
