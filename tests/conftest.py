@@ -34,7 +34,8 @@ LONGEST_FIRST = (
     "ttp/test_replicated_dump.py", "ttp/test_torch_dist.py", "ttp/test_rampup_recover.py",
     "ttp/test_moe_recover.py", "hf/test_transformers_5.py",
     "checkpoint/test_megatron.py",
-    "mindspore/test_msrun.py", "launch/test_real_taskd.py", "torch_plugin/test_replica_option.py",
+    "mindspore/test_msrun.py", "mindspore/test_mindspore_newer.py", "launch/test_real_taskd.py",
+    "torch_plugin/test_replica_option.py",
     "torch_plugin/test_replicated_zero.py", "patch/test_patched_runs.py", "hf/test_accelerate_runs.py",
     "torch_plugin/test_megatron_runs.py",
 )

@@ -98,6 +98,15 @@ def test_a_grace_not_given_follows_the_writes_the_job_records_after_its_start(tm
     assert "longer than ft-plugins run's grace of 30 s" in grace.warn_if_short(str(save), {grace.GRACE_VAR: "30"})
 
 
+def test_the_command_line_is_read_as_argparse_reads_it() -> None:
+    """The last ``--save`` and the last shutdown flag win, in either spelling, as with argparse."""
+    command = [TORCHRUN, "--shutdown_timeout=12", "train.py", "--save", "/a", "--save=/b"]
+    assert grace.save_dir_of(command) == "/b"
+    assert grace.shutdown_given(command, {grace.SHUTDOWN_VAR: "50"}) == 12.0
+    assert grace.shutdown_given([TORCHRUN, "train.py"], {grace.SHUTDOWN_VAR: "50"}) == 50.0
+    assert grace.shutdown_given([TORCHRUN, "--shutdown-timeout", "soon"], {}) is None
+
+
 def test_run_says_the_grace_at_start_and_hands_it_to_torchrun(tmp_path: Path) -> None:
     save = _recorded(tmp_path / "ckpt", SLOW)
     result = subprocess.run([PYTHON, "-m", "ft_plugins.cli", "run", "--features", "none", "--dry-run", "--", TORCHRUN,
