@@ -24,7 +24,8 @@ SHARING = {
                          "torch_megatron/test_model_parallel.py", "torch_megatron/test_hangs_4_ranks.py"),
     "megatron-2-ranks": ("torch_megatron/test_builtin_engine.py", "torch_megatron/test_mindio_engine.py",
                          "torch_megatron/test_auto_restart.py", "torch_megatron/test_one_decision.py",
-                         "torch_megatron/test_recover_flags.py", "torch_megatron/test_hangs.py"),
+                         "torch_megatron/test_recover_flags.py", "torch_megatron/test_hangs.py",
+                         "torch_megatron/test_dump_grace.py"),
     "hf-trainer": ("hf/test_trainer_ttp.py", "hf/test_trainer_runs.py", "hf/test_trainer_hooks.py"),
 }
 # The groups whose real multi-process runs take longest, longest first: they start first, so that the

@@ -125,6 +125,21 @@ def test_a_crash_between_saves_loses_no_step_with_ttp(dumped: Job) -> None:
     assert "dying-gasp checkpoint of step 14 written" in dumped.log(0)
 
 
+def test_the_dump_and_the_regular_saves_record_their_writes_for_the_grace(dumped: Job, finished: Job) -> None:
+    """In the save root (``ft_write_speed.json``): the dump's write, both ranks' files by the one survivor, and
+    rank 0's ModelCheckpoint saves; a state this small fits msrun's second, so nothing is said."""
+    from ft_plugins import grace
+
+    measured = grace.measured(str(dumped.root))
+    assert measured.what == "dump of step 14"
+    assert measured.written == sum((dumped.root / f"rank_{rank}" / "net-2_6.ckpt").stat().st_size
+                                   for rank in range(WORKERS))
+    measured = grace.measured(str(finished.root))
+    saved = finished.root / "rank_0" / measured.what.removeprefix("save ")
+    assert measured.what.startswith("save net_") and measured.written == saved.stat().st_size
+    assert "longer than msrun's grace" not in dumped.log(0) + finished.log(0)
+
+
 def test_the_relaunch_resumes_at_the_dumped_step(dumped: Job, preempted: Job, reference: Job) -> None:
     for rank in range(WORKERS):
         steps = preempted.steps(rank)

@@ -12,15 +12,13 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from ttp_runs import ITERS, Job, committed_dump, resumed_to_the_end, run_job, same_as_reference
+from ttp_runs import ITERS, Job, committed_dump, resumed_to_the_end, run_job, same_as_reference, slow_disk
 
 from ft_plugins import grace
 
-KILL_MID_SAVE = Path(__file__).resolve().parents[1] / "checkpoint" / "fixtures" / "kill_mid_save.py"  # half, then SIGKILL
 FAR = ("--save-interval", "100")
 TTP = {"FT_PLUGINS": "ttp,resume"}
 STEP = 3  # faults fire in the step that starts after 3 completed steps: a dump that loses nothing holds 3
@@ -103,14 +101,17 @@ def test_preemption_sigterm_to_every_rank_mid_update(tmp_path_factory: pytest.Te
 CUT_SHORT = ("dying-gasp dump never committed: mp_rank_00: no part record (its writer was killed mid-write)")
 
 
+SLOW_WRITE, GRACE = 2, 1  # seconds every checkpoint write takes more; torchrun's stop, shortened from its fixed 30 s
+
+
 @pytest.fixture(scope="module")
 def dump_killed(tmp_path_factory: pytest.TempPathFactory) -> Job:
-    """The survivor's dump SIGKILLed mid-write: half of its ``model_optim_rng.pt`` on disk, then SIGKILL, as the
-    launcher's SIGKILL lands on a dump still writing when its grace ends. The kill is the fixture's own (after
-    half the file) rather than a timed one: a state large enough for a timed kill to land mid-write reliably
-    is GBs, and the leftovers are the same (a ``.partial`` file, no part record, no commit)."""
-    return _scenario(tmp_path_factory, "dump_killed", "--save-interval", "2", entry=KILL_MID_SAVE,
-                     FT_TEST_KILL_RANK="0", FT_TEST_KILL_ITER=str(STEP), **_fault(f"rank=1,step={STEP},kind=kill"))
+    """The survivor's dump SIGKILLed mid-write by torchrun when its grace ends: every checkpoint write is slowed
+    (a stalled file system) and torchrun's fixed 30 s stop shortened to the suite's clock (``slow_disk``), so the
+    dump, like the periodic save of step 2 before it, needs longer than torchrun gives. Also the negative control
+    of ``test_dump_grace.py`` (where ``ft-plugins run`` gives the dump its time)."""
+    return _scenario(tmp_path_factory, "dump_killed", "--save-interval", "2", **slow_disk(SLOW_WRITE, GRACE),
+                     **_fault(f"rank=1,step={STEP},kind=kill"))
 
 
 def test_dump_killed_mid_write_is_never_committed_and_resume_says_why(dump_killed: Job) -> None:
@@ -125,6 +126,15 @@ def test_dump_killed_mid_write_is_never_committed_and_resume_says_why(dump_kille
     measured = grace.measured(str(job.save))  # the periodic save's; the dump cut short recorded nothing
     assert measured.what == "save of iteration 2"
     assert measured.written == os.path.getsize(job.iteration(2) / "mp_rank_00" / "model_optim_rng.pt")
+    assert job.lines("Unable to shutdown process"), "torchrun's SIGKILL, its grace over"
+    assert not job.lines(f"dumped mp_rank_00 of iteration {STEP}")
+
+
+def test_plain_torchrun_rank_0_said_once_after_the_save_that_a_dump_needs_longer_than_its_grace(
+        dump_killed: Job) -> None:
+    warned = dump_killed.lines("ttp: a dump needs about")
+    assert len(warned) == 1, dump_killed.output[-5000:]
+    assert "measured on the save of iteration 2), longer than torchrun's grace of 1 s before SIGKILL" in warned[0]
 
 
 def test_a_dump_killed_mid_write_beside_a_periodic_save_resumes_from_the_save(dump_killed: Job,

@@ -63,6 +63,13 @@ def run_supervised(workdir: Path, launch: "Launch", *args: str, launcher: tuple[
     return Job(result.returncode, result.stdout + result.stderr, save)
 
 
+def slow_disk(write: float, grace: float) -> dict[str, str]:
+    """A job's environment where every checkpoint write takes ``write`` seconds more in its first attempt and
+    torchrun stops its workers with ``grace`` seconds, not its fixed 30 (``tests/fakes/slow_disk``)."""
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(FAKES / "slow_disk"), os.environ.get("PYTHONPATH")])),
+            "FT_FAKE_SLOW_WRITE": str(write), "FT_FAKE_TORCHRUN_GRACE": str(grace)}
+
+
 def mindio_env(record: Path) -> dict[str, str]:
     """A job's environment with MindIO's stand-in on the path (ttp's MindIO engine, ARF on), recording to ``record``."""
     return {"PYTHONPATH": os.pathsep.join(filter(None, [str(FAKES), os.environ.get("PYTHONPATH", "")])),
