@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 from ft_plugins.features.resume import Resume
 from ft_plugins.features.ttp import Ttp
 from ft_plugins.logs import exit_now
+from ft_plugins.mindspore import recording
 from ft_plugins.mindspore.base import checkpoint_callback, global_rank, save_root
 from ft_plugins.rank import is_rank_zero
 from ft_plugins.processes import alive, all_pids, status
@@ -84,6 +85,7 @@ class DumpEngine:
         self.step_started: float | None = None  # monotonic time the running step began; None between steps
         self.durations: deque[float] = deque(maxlen=20)
         self.peers: list[int] = []
+        self.peer_ranks: dict[int, int | None] = {}
         self.written: set[tuple[int, int]] = set()  # (step, rank) of the files this process tried to write
         self.lock = threading.Lock()
         self.stopped = threading.Event()
@@ -93,6 +95,7 @@ class DumpEngine:
     def begin(self, cb_params: Any) -> None:
         self.target = self._target(cb_params)
         self.peers = _local_peers()
+        self.peer_ranks = recording.peer_ranks(self.peers)
         if threading.current_thread() is threading.main_thread():
             # a thread woken by SIGTERM acts, whatever collective the main thread is blocked in
             watch_signal(signal.SIGTERM, self._on_sigterm, "ft_plugins-ttp-sigterm")
@@ -141,10 +144,12 @@ class DumpEngine:
                 if lost:
                     lost_at, self.peers = now, [pid for pid in self.peers if pid not in lost]
                     reason = f"worker process {', '.join(map(str, lost))} of this node exited"
+                    recording.peers_lost([self.peer_ranks.get(pid) for pid in lost])
                     if snapshot is not None:  # at once: msrun's SIGKILL may come at its next poll, any moment
                         self.dump_safely(reason)
                         written = snapshot.step
                 elif started is not None and self.durations and now - started > self._stall():
+                    recording.noticed(f"the step has run for over {self._stall():.1f} s", "hang")
                     self.dump_safely(f"the step has run for over {self._stall():.1f} s")
                     self.step_started = None  # once per stall
             elif snapshot is not None and snapshot.step > written and (
@@ -165,6 +170,7 @@ class DumpEngine:
             log.warning("ttp: %s, but the dying-gasp checkpoint failed: %s: %s", reason, type(exc).__name__, exc)
 
     def _on_sigterm(self) -> None:
+        recording.noticed("SIGTERM", "signal")
         self.dump_safely("SIGTERM")
         exit_now(EXIT_ON_SIGTERM)
 
@@ -180,6 +186,7 @@ class DumpEngine:
             ranks = range(target.ranks) if target.per_rank else [None]
             written = [path for rank in ranks if (path := self._write(snapshot, target, rank)) is not None]
         if written:
+            recording.dumped(snapshot.step, time.monotonic() - started)
             log.warning("ttp: %s: dying-gasp checkpoint of step %d written in %.3f s: %s", reason, snapshot.step,
                         time.monotonic() - started, ", ".join(written))
         else:
