@@ -1,6 +1,7 @@
 """Trainer glue for the job's events (:mod:`ft_plugins.events`), as :mod:`ft_plugins.torch.recording` is Megatron's:
 training under way (its first step begins: the model built, any checkpoint loaded) and its end, each optimizer step,
-each save with its step and, from the process that writes the Trainer's state, its size."""
+each save with its step and, from the process that writes the Trainer's state, its size. Accelerate's own loop, without
+a Trainer: :mod:`.accelerate_recording`."""
 
 from __future__ import annotations
 
