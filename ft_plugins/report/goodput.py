@@ -7,9 +7,9 @@ work between steps counts); start-up (to the job's first step); else ``other`` (
 
 A fault is the cluster of what saw it: the fire drill's shot, the launcher's notice of a death, the watchdog's of a
 hang, a survivor's of a peer's exit (MindSpore's built-in dump), a dying gasp (SIGTERM, an exception), a survivor
-catching it. Its rank and kind come from the most direct witness in that order; it ends when every rank trains again: each one repaired in place (one recovery generation),
-or each process of the restarted job (torchrun's next attempt, or a launch by another launcher: msrun started
-again) at its first step.
+catching it. Its rank and kind come from the most direct witness in that order; it ends when every rank trains again:
+each one repaired in place (one recovery generation), or each process of the restarted job (torchrun's next attempt, or
+a launch by another launcher: msrun started again) at its first step.
 """
 
 from __future__ import annotations
