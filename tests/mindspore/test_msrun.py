@@ -194,6 +194,12 @@ def test_the_report_of_the_chain_names_each_fault_and_its_time_to_training_again
     for fault, started, at in zip(report["faults"], relaunched, faults):
         assert started - at - 1.0 < fault["to_training"] < report["wall"], (fault, started - at)
     assert 0 < report["goodput_percent"] < 100
+    # every worker recorded its resume choice: nothing at first, then the dump of step 14, then the SIGTERM's
+    last = max(preempted.steps(rank)[-1] for rank in range(WORKERS))
+    choices = [json.loads(line)["chosen"] for path in (finished.root / "ft_events").iterdir()
+               for line in path.read_text().splitlines() if '"ev": "resume"' in line]
+    assert sorted(choice.rsplit("-", 1)[1] if choice else "" for choice in choices) == sorted(
+        [""] * WORKERS + ["2_6.ckpt"] * WORKERS + [f"{(last - 1) // 8 + 1}_{(last - 1) % 8 + 1}.ckpt"] * WORKERS)
 
 
 def test_without_a_resume_dir_initial_epoch_refuses_naming_it(crashed: Job,
