@@ -2,10 +2,11 @@
 
 Each process appends to a file of its own (``<host>-<pid>-<role>.jsonl``; a process forked or turned into another
 rank gets a new one), so no two writers share a file, in ``FT_PLUGINS_EVENTS_DIR`` or, by default,
-``<save>/ft_events`` (Megatron's ``--save``, or a Hugging Face script's ``--output_dir``, on the command line);
-with neither, or with ``FT_PLUGINS=none``, nothing is written. The first line names the job (torchrun's
-``--rdzv-id``, else the ``ft-plugins run`` launcher's pid), the role, the rank, the restart attempt and the
-replacement's life, so two jobs in one folder are told apart.
+``<save>/ft_events`` (Megatron's ``--save``, or a Hugging Face script's ``--output_dir``, on the command line;
+MindSpore's checkpoint folder, once its glue knows it); with none, or with ``FT_PLUGINS=none``, nothing is written.
+The first line names the job (``FT_PLUGINS_EVENTS_JOB``, else torchrun's ``--rdzv-id``, else the ``ft-plugins run``
+launcher's pid), the role, the rank, the launcher (its parent), the restart attempt and the replacement's life, so
+two jobs in one folder are told apart, and a job launched again is told from its restart attempts.
 
 A rare event (a fault, a save, a recovery phase) is written at once: the process may be killed the next moment.
 Steps are kept in memory and written every :data:`FLUSH_EVERY` seconds, at exit and before
