@@ -41,6 +41,7 @@ from typing import Any, Callable, NamedTuple
 from ft_plugins.features.resume import Resume
 from ft_plugins.features.ttp import Ttp
 from ft_plugins.logs import exit_now
+from ft_plugins.mindspore import recording
 from ft_plugins.mindspore.base import checkpoint_callback, global_rank, save_root
 from ft_plugins.mindspore.speed import WriteSpeed
 from ft_plugins.rank import is_rank_zero
@@ -86,6 +87,7 @@ class DumpEngine:
         self.step_started: float | None = None  # monotonic time the running step began; None between steps
         self.durations: deque[float] = deque(maxlen=20)
         self.peers: list[int] = []
+        self.peer_ranks: dict[int, int | None] = {}
         self.written: set[tuple[int, int]] = set()  # (step, rank) of the files this process tried to write
         self.lock = threading.Lock()
         self.stopped = threading.Event()
@@ -99,6 +101,7 @@ class DumpEngine:
         self.speed = WriteSpeed(save_root(self.target.directory))
         self.untime = self.speed.timed_saves(checkpoint_callback(cb_params))
         self.peers = _local_peers()
+        self.peer_ranks = recording.peer_ranks(self.peers)
         if threading.current_thread() is threading.main_thread():
             # a thread woken by SIGTERM acts, whatever collective the main thread is blocked in
             watch_signal(signal.SIGTERM, self._on_sigterm, "ft_plugins-ttp-sigterm")
@@ -151,10 +154,12 @@ class DumpEngine:
                 if lost:
                     lost_at, self.peers = now, [pid for pid in self.peers if pid not in lost]
                     reason = f"worker process {', '.join(map(str, lost))} of this node exited"
+                    recording.peers_lost([self.peer_ranks.get(pid) for pid in lost])
                     if snapshot is not None:  # at once: msrun's SIGKILL may come at its next poll, any moment
                         self.dump_safely(reason)
                         written = snapshot.step
                 elif started is not None and self.durations and now - started > self._stall():
+                    recording.noticed(f"the step has run for over {self._stall():.1f} s", "hang")
                     self.dump_safely(f"the step has run for over {self._stall():.1f} s")
                     self.step_started = None  # once per stall
             elif snapshot is not None and snapshot.step > written and (
@@ -175,6 +180,7 @@ class DumpEngine:
             log.warning("ttp: %s, but the dying-gasp checkpoint failed: %s: %s", reason, type(exc).__name__, exc)
 
     def _on_sigterm(self) -> None:
+        recording.noticed("SIGTERM", "signal")
         self.dump_safely("SIGTERM")
         exit_now(EXIT_ON_SIGTERM)
 
@@ -193,6 +199,7 @@ class DumpEngine:
             seconds = time.monotonic() - started
             if self.speed is not None:
                 self.speed.record(sum(map(os.path.getsize, written)), seconds, f"dump of step {snapshot.step}")
+            recording.dumped(snapshot.step, seconds)
             log.warning("ttp: %s: dying-gasp checkpoint of step %d written in %.3f s: %s", reason, snapshot.step,
                         seconds, ", ".join(written))
         else:

@@ -4,7 +4,6 @@ its size (``save_checkpoint``). Outermost of the wrappers: a step repaired in pl
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, Callable
 
@@ -52,5 +51,4 @@ def _saved_bytes(iteration: Any) -> int | None:
     save = getattr(megatron_args(), "save", None)
     if not save or not isinstance(iteration, int):
         return None
-    return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(iteration_dir(save, iteration))
-               for name in names)
+    return events.size_on_disk(iteration_dir(save, iteration))
