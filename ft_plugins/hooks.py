@@ -120,9 +120,9 @@ def prepare_launcher(launcher: str) -> bool:
         shutdown.install()  # the grace ``ft-plugins run`` planned, for the stop after a worker died too
     hangs = runtime.running(Hangs)
     if hangs is not None:  # after recover's: it ends a hung rank before recover looks
-        from ft_plugins.launch import watchdog
+        from ft_plugins.launch import msrun_watch, watchdog
 
-        prepared = watchdog.install(hangs.settings, launcher) or prepared
+        prepared = (msrun_watch if launcher == "msrun" else watchdog).install(hangs.settings) or prepared
     on = [name for name, status in runtime.statuses.items() if status.enabled]
     log.info("%s launcher: workers start with %s%s", launcher, ", ".join(on) or "no feature on",
              "; TaskD's agent patched for process recovery" if agent else "")

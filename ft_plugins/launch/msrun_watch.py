@@ -1,4 +1,4 @@
-"""The launcher side of ``hangs`` under msrun: the torchrun :class:`~.watchdog.Watchdog`, in a thread of msrun.
+"""The launcher side of ``hangs`` under msrun: torchrun's :class:`~.watchdog.Watchdog`, in a thread of msrun.
 
 msrun's process manager (``mindspore.parallel.cluster.process_entity._api._ProcessManager``) starts the workers
 and polls them once a second; when one exits with an error it SIGKILLs every other worker (``ttp``'s survivors
@@ -14,11 +14,12 @@ import logging
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, Mapping
 
 from ft_plugins import progress
 from ft_plugins.launch.stalls import ALL, Verdict
 from ft_plugins.launch.watchdog import Watchdog, stop
+from ft_plugins.launch.watchdog import install as install_watchdog
 
 log = logging.getLogger("ft_plugins.hangs")
 
@@ -91,3 +92,7 @@ def running_workers(manager: Any, directory: str) -> dict[int, Any]:
             procs[reported[proc.pid]] = proc
     return procs
 
+
+def install(settings: Mapping[str, Any]) -> bool:
+    """Called in the msrun launcher when ``hangs`` is on; never raises (msrun then runs as usual)."""
+    return install_watchdog(settings, lambda dog: MsrunWatch(dog).install(), "msrun's process manager")

@@ -207,21 +207,15 @@ def prepare() -> str:
     return directory
 
 
-def install(settings: Mapping[str, Any], launcher: str = "torchrun") -> bool:
-    """Called in the launcher process (torchrun or msrun) when ``hangs`` is on; never raises (the launcher then
-    runs as usual)."""
+def install(settings: Mapping[str, Any], adapt: Callable[[Watchdog], None] = Watchdog.install,
+            launcher: str = "torchrun's agent") -> bool:
+    """Called in the launcher process when ``hangs`` is on: the watchdog, fitted to the launcher by ``adapt``
+    (torchrun's by default); never raises (the launcher then runs as usual)."""
     try:
-        watchdog = Watchdog(settings, prepare())
-        if launcher == "msrun":
-            from ft_plugins.launch.msrun_watch import MsrunWatch
-
-            MsrunWatch(watchdog).install()
-        else:
-            watchdog.install()
+        adapt(Watchdog(settings, prepare()))
     except Exception as exc:
         os.environ.pop(PROGRESS_VAR, None)
-        log.warning("hangs: %s not adapted (%s: %s); hangs are not watched",
-                    "msrun's process manager" if launcher == "msrun" else "torchrun's agent", type(exc).__name__, exc)
+        log.warning("hangs: %s not adapted (%s: %s); hangs are not watched", launcher, type(exc).__name__, exc)
         return False
     log.info("hangs: watched by this launcher; bounds: %s", Bounds(settings).describe())
     return True

@@ -142,6 +142,33 @@ def test_a_main_thread_is_found_in_a_faulthandler_dump_and_its_innermost_frame_s
                                'File "/v/mindspore/train/model.py", line 1227 in _train_process'])
 
 
+def test_msrun_s_running_workers_are_numbered_as_msrun_numbers_them(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import faulthandler
+    from types import SimpleNamespace
+
+    from ft_plugins.launch.msrun_watch import running_workers
+
+    class Proc:
+        def __init__(self, pid: int, code: int | None = None) -> None:
+            self.pid, self.code = pid, code
+
+        def poll(self) -> int | None:
+            return self.code
+
+    procs = {0: Proc(os.getpid()), 1: Proc(12, -9)}
+
+    def manager(local: int, world: int, node: int) -> SimpleNamespace:
+        return SimpleNamespace(local_worker_num=local, worker_num=world, node_rank=node, proc_rank_map=procs)
+
+    assert running_workers(manager(2, 2, -1), str(tmp_path)) == {0: procs[0]}  # one node; the exited one left out
+    assert running_workers(manager(2, 8, 3), str(tmp_path)) == {6: procs[0]}  # --node_rank 3
+    assert running_workers(manager(2, 8, -1), str(tmp_path)) == {}  # ranks the cluster assigns: none reported yet
+    monkeypatch.setattr(faulthandler, "register", lambda *args, **kwargs: None)
+    progress.Reporter(str(tmp_path), 5)  # this process reports as rank 5
+    assert running_workers(manager(2, 8, -1), str(tmp_path)) == {5: procs[0]}
+
+
 def test_a_worker_reports_into_a_mapped_file_and_writes_its_stacks_when_asked(tmp_path: Path) -> None:
     code = ("import os, signal, sys, time\n"
             "from ft_plugins import progress\n"
