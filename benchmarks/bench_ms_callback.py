@@ -4,9 +4,10 @@ A tiny network (Dense 16->16->1, batch 8) trains on CPU in PyNative mode, so the
 any overhead shows. Three variants, interleaved in rounds so machine noise hits all alike:
   bare       Model.train with no callback (run twice per round: the second run, "control", gives
              the noise floor of the comparison)
-  ft         Model.train with FaultTolerance: taskd, mstx, resume on (TaskD and mstx are in-memory
-             stand-ins with the vendor signatures: the real ones cannot run here; ttp refuses CPU), and
-             the job's events for ``ft-plugins report``, recorded beside the resume directory
+  ft         Model.train with FaultTolerance: taskd, mstx, resume, hangs on (TaskD and mstx are in-memory
+             stand-ins with the vendor signatures: the real ones cannot run here; ttp refuses CPU; hangs
+             reports into a progress directory as under ``ft-plugins run -- msrun``, no launcher reading it),
+             and the job's events for ``ft-plugins report``, recorded beside the resume directory
 Step times are the fastest round (as timeit reports) and the median ratio of paired rounds. On a
 shared 2-core machine whole-step ratios move by several percent either way from run to run, so the
 callback's own cost per step is also timed directly, by calling its step events as Model.train does.
@@ -111,12 +112,14 @@ def main() -> None:
     mindspore.set_context(mode=mindspore.PYNATIVE_MODE, device_target="CPU")
     mindspore.set_device("CPU")
     calls = _install_stand_ins()
+    from ft_plugins.config import PROGRESS_VAR
     from ft_plugins.mindspore import FaultTolerance
 
     save_dir = tempfile.mkdtemp(prefix="bench-ms-")
+    os.environ[PROGRESS_VAR] = tempfile.mkdtemp(prefix="bench-ms-progress-")
 
-    def with_ft() -> list:
-        return [FaultTolerance(features="taskd,mstx,resume", resume_dir=save_dir, mstx={"backend": "mindspore"})]
+    def with_ft(features: str = "taskd,mstx,resume,hangs") -> list:
+        return [FaultTolerance(features=features, resume_dir=save_dir, mstx={"backend": "mindspore"})]
 
     _per_step(1, [])  # warm-up: first-call compilation and caches
     _per_step(1, with_ft())
@@ -129,7 +132,8 @@ def main() -> None:
             run()
         calls.clear()
     probe = with_ft()[0]
-    own = min(_callback_cost(probe, 2000) for _ in range(5))
+    unwatched = with_ft("taskd,mstx,resume")[0]
+    own, without_hangs = (min(_callback_cost(callback, 2000) for _ in range(5)) for callback in (probe, unwatched))
     print(f"features on: {', '.join(sorted(probe.runtime.features))}; {options.epochs * STEPS_PER_EPOCH} steps "
           f"per round, {options.rounds} rounds")
 
@@ -138,7 +142,7 @@ def main() -> None:
           f"{_median_ratio(ft, bare):.4f}; noise floor, bare / bare again: {min(control) / min(bare):.4f}, "
           f"{_median_ratio(control, bare):.4f}")
     print(f"FaultTolerance's own step events: {own * 1e6:.2f} us per step = "
-          f"{own / min(bare) * 100:.3f} % of the bare step")
+          f"{own / min(bare) * 100:.3f} % of the bare step; without hangs {without_hangs * 1e6:.2f} us")
     from ft_plugins.mindspore.recording import EventsCallback
 
     recorded = min(_callback_cost(EventsCallback(save_dir), 2000) for _ in range(5))

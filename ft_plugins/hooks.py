@@ -94,7 +94,7 @@ def named_range(name: str, framework: str = "pt") -> _Range:
 def prepare_launcher(launcher: str) -> bool:
     """In the launcher process (``torchrun`` or ``msrun``), before it starts workers: the launcher side of
     the features, i.e. TaskD's elastic-agent patch for process recovery, ``recover``'s agent that
-    restarts only a failed worker (torchrun), ``hangs``' watchdog (torchrun), and the feature list its
+    restarts only a failed worker (torchrun), ``hangs``' watchdog, and the feature list its
     workers compare theirs with. Never raises."""
     framework = "ms" if launcher == "msrun" else "pt"
     events.start("launcher")
@@ -119,10 +119,10 @@ def prepare_launcher(launcher: str) -> bool:
 
         shutdown.install()  # the grace ``ft-plugins run`` planned, for the stop after a worker died too
     hangs = runtime.running(Hangs)
-    if launcher == "torchrun" and hangs is not None:  # after recover's: it ends a hung rank before recover looks
-        from ft_plugins.launch import watchdog
+    if hangs is not None:  # after recover's: it ends a hung rank before recover looks
+        from ft_plugins.launch import msrun_watch, watchdog
 
-        prepared = watchdog.install(hangs.settings) or prepared
+        prepared = (msrun_watch if launcher == "msrun" else watchdog).install(hangs.settings) or prepared
     on = [name for name, status in runtime.statuses.items() if status.enabled]
     log.info("%s launcher: workers start with %s%s", launcher, ", ".join(on) or "no feature on",
              "; TaskD's agent patched for process recovery" if agent else "")

@@ -1,12 +1,13 @@
 """``hangs``: a rank that stops making progress is found within a bound learned from the job's own steps.
 
-Every worker reports where it stands (:mod:`ft_plugins.progress`); ``ft-plugins run``'s torchrun watches the
-reports (:mod:`ft_plugins.launch.watchdog`). A rank is hung when it has not moved within its section's bound:
+Every worker reports where it stands (:mod:`ft_plugins.progress`); ``ft-plugins run``'s torchrun or msrun watches
+the reports (:mod:`ft_plugins.launch.watchdog`). A rank is hung when it has not moved within its section's bound:
 ``max(floor, factor x the slowest step seen)`` for a step, the ``warmup`` bound for set-up, the first
 ``warmup_steps`` steps of a process and what follows the training loop, and ``save``, ``eval`` and ``recovery``
 (dump, in-place repair) bounds of their own. The hung rank's stacks go to the log, then it is ended (SIGTERM,
 SIGKILL after ``grace``) and the job goes the way a death goes: ``recover`` in place, else ``ttp``'s dump and
-torchrun's restart. It ends processes, so ``FT_PLUGINS=auto`` never turns it on: only its name or ``all`` does.
+torchrun's restart (msrun stops the job; its relaunch resumes). It ends processes, so ``FT_PLUGINS=auto`` never
+turns it on: only its name or ``all`` does.
 """
 
 from __future__ import annotations
@@ -68,9 +69,8 @@ class Hangs(Feature):
     )
 
     def start(self) -> str:
-        if self.framework != "pt":
-            raise VendorUnavailable("hang watching is implemented for PyTorch under torchrun only")
         if not self.requested:
             raise VendorUnavailable("hangs ends processes that stop making progress: it runs only when asked for "
                                     "(FT_PLUGINS=hangs,... or all)")
-        return f"watched by ft-plugins run's torchrun; bounds: {Bounds(self.settings).describe()}"
+        launcher = "msrun" if self.framework == "ms" else "torchrun"
+        return f"watched by ft-plugins run's {launcher}; bounds: {Bounds(self.settings).describe()}"

@@ -268,7 +268,7 @@ def check_hangs(env: Mapping[str, str]) -> Iterator[Check]:
         return
     bounds = Bounds(cfg.options["hangs"]).describe()
     if cfg.requested("hangs") is True:
-        yield Check("hangs", OK, f"watched under `ft-plugins run -- torchrun`; bounds: {bounds}")
+        yield Check("hangs", OK, f"watched under `ft-plugins run -- torchrun` or `-- msrun`; bounds: {bounds}")
     else:
         yield Check("hangs", OK, f"not watched (FT_PLUGINS=hangs,... or all turns it on); its bounds would be: {bounds}")
 

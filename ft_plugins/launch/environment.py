@@ -289,9 +289,10 @@ def hang_watch(command: Sequence[str], cfg: config.Config) -> list[str]:
     """The start-up line on hang watching: with which bounds, or why not."""
     if cfg.requested("hangs") is not True:
         return []
-    if not is_torchrun(command):
-        return ["hangs: watched under torchrun only; this launcher's ranks are not watched"]
-    return [f"hangs watched by torchrun: {Bounds(cfg.options['hangs']).describe()}"]
+    launcher = "torchrun" if is_torchrun(command) else "msrun" if is_msrun(command) else ""
+    if not launcher:
+        return ["hangs: watched under torchrun or msrun only; this launcher's ranks are not watched"]
+    return [f"hangs watched by {launcher}: {Bounds(cfg.options['hangs']).describe()}"]
 
 
 HCCL_OP_RETRY = "L0:0, L1:1, L2:1"  # HCCL re-runs a failed communication op (MindCluster's guides)

@@ -22,6 +22,10 @@ from ft_plugins.progress import BETWEEN, DATA, DUMP, RECOVERY, STEP, Record
 # gradient reductions and pipeline communication
 WAIT_SITES = ("/torch/distributed/", "/megatron/core/distributed/param_and_grad_buffer.py",
               "/megatron/core/pipeline_parallel/p2p_communication.py")
+# MindSpore runs a step's collectives asynchronously inside the train network's step cell: a main thread waits
+# for its peers wherever that step synchronises, so any frame of these counts
+MINDSPORE_STEP_SITES = ("/mindspore/nn/wrap/cell_wrapper.py", "/mindspore/nn/wrap/grad_reducer.py",
+                        "/mindformers/wrapper/")
 HANG, ALL, WAIT = "hang", "all", "wait"
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):$")
 _IN_STEP = (STEP, DATA)
@@ -104,8 +108,11 @@ def main_frames(stacks: str, thread: int) -> list[str]:
 
 def waits_on_peers(frames: Sequence[str]) -> bool:
     """Whether a main thread stands inside a collective (it waits for a peer): its innermost frame is one
-    (a model's forward runs inside Megatron's DDP wrapper: an outer frame says nothing)."""
-    return bool(frames) and any(site in frames[0] for site in WAIT_SITES)
+    (a model's forward runs inside Megatron's DDP wrapper: an outer frame says nothing); on MindSpore, any
+    frame in the train network's step (a rank hung there in a driver call is then taken for a victim: with
+    no culprit left, the job dumps and restarts as a whole)."""
+    return bool(frames) and (any(site in frames[0] for site in WAIT_SITES)
+                             or any(site in frame for frame in frames for site in MINDSPORE_STEP_SITES))
 
 
 def judge(stopped: Sequence[int], moving: Sequence[int], waiting: Mapping[int, bool], repeated: bool,

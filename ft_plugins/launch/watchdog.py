@@ -7,7 +7,8 @@ rank, step and section, sends it SIGTERM, and SIGKILL after the grace; the round
 death is handled as any: ``recover``'s :class:`~ft_plugins.launch.recover.Supervisor` replaces the rank in place,
 else torchrun stops the others (``ttp``'s dump) and restarts the job as its ``--max-restarts`` allows. For every
 rank stalled alike it says so in one line and answers the round as a failed worker group: the dump and the
-restart, and no replacement.
+restart, and no replacement. :class:`Watchdog` itself knows no launcher: msrun's process runs it too
+(:mod:`.msrun_watch`).
 """
 
 from __future__ import annotations
@@ -62,7 +63,9 @@ class Watchdog:
         context = getattr(agent, "_pcontext", None)
         if worker_group is not None and context is not None and getattr(context, "subprocess_handlers", None):
             try:
-                verdict = self.look(worker_group, context, time.monotonic())
+                ranks = {worker.local_rank: worker.global_rank for worker in worker_group.workers}
+                procs = {ranks[local]: handler.proc for local, handler in context.subprocess_handlers.items()}
+                verdict = self.look(procs, worker_group.workers[0].world_size > len(procs), time.monotonic())
             except Exception as exc:  # never into torchrun's loop: a watchdog that fails leaves the job as it was
                 log.warning("hangs: progress not read this round (%s: %s)", type(exc).__name__, exc)
                 verdict = None
@@ -70,15 +73,14 @@ class Watchdog:
                 return _failed(worker_group, context)
         return wrapped(*args, **kwargs)
 
-    def look(self, worker_group: Any, context: Any, now: float) -> Verdict | None:
-        """Read every local worker's report; act on a hang; the verdict when there was one."""
-        ranks = {worker.local_rank: worker.global_rank for worker in worker_group.workers}
-        pids = {ranks[local]: pid for local, pid in context.pids().items()}
-        for rank, pid in pids.items():
-            if rank not in self.watches or self.watches[rank].pid != pid:
-                self.watches[rank] = Watch(pid, now)  # a new process: set-up, until it reports
+    def look(self, procs: Mapping[int, Any], remote: bool, now: float) -> Verdict | None:
+        """Read the report of every local worker (``procs``: global rank -> its ``Popen``); act on a hang
+        (``remote``: the job has ranks on other nodes too); the verdict when there was one."""
+        for rank, proc in procs.items():
+            if rank not in self.watches or self.watches[rank].pid != proc.pid:
+                self.watches[rank] = Watch(proc.pid, now)  # a new process: set-up, until it reports
             self.watches[rank].observe(progress.read(self.directory, rank), now, self.bounds)
-        for rank in set(self.watches) - set(pids):
+        for rank in set(self.watches) - set(procs):
             del self.watches[rank]
         late = overdue(self.watches, now, self.bounds)
         if not late or now < self._calm_until:
@@ -89,13 +91,12 @@ class Watchdog:
         waiting = {rank: waits_on_peers(main_frames(stacks.get(rank, ""), self.watches[rank].record.thread))
                    for rank in stopped}
         furthest = max(watch.record.step for watch in self.watches.values() if watch.record is not None)
-        remote = worker_group.workers[0].world_size > len(pids)
         patient = all(self.watches[rank].quiet(now) < 2 * self.watches[rank].bound(self.bounds) for rank in late)
         verdict = judge(stopped, moving, waiting, self.answered is not None and furthest <= self.answered, remote,
                         patient)
         if verdict.kind == HANG:
             self.answered = furthest
-            self._end(verdict, stacks, context, ranks, now)
+            self._end(verdict, stacks, procs, now)
         elif verdict.kind == ALL:
             self._all_stalled(verdict, stopped, stacks, now)
         else:
@@ -132,8 +133,7 @@ class Watchdog:
             self._read_to[rank] = start + len(text.encode())
         return text
 
-    def _end(self, verdict: Verdict, stacks: Mapping[int, str], context: Any, ranks: Mapping[int, int],
-             now: float) -> None:
+    def _end(self, verdict: Verdict, stacks: Mapping[int, str], procs: Mapping[int, Any], now: float) -> None:
         """Log each culprit with its stacks, SIGTERM, SIGKILL after the grace; the others start their bound anew."""
         for rank in verdict.culprits:
             watch = self.watches[rank]
@@ -146,12 +146,7 @@ class Watchdog:
         if verdict.victims:
             log.warning("hangs: rank%s %s wait%s for it in a collective", "s" if len(verdict.victims) > 1 else "",
                         ", ".join(map(str, verdict.victims)), "" if len(verdict.victims) > 1 else "s")
-        local = {global_rank: local_rank for local_rank, global_rank in ranks.items()}
-        procs = [context.subprocess_handlers[local[rank]].proc for rank in verdict.culprits]
-        _signal(procs, signal.SIGTERM)
-        if not _gone(procs, self.grace):
-            _signal([proc for proc in procs if proc.poll() is None], signal.SIGKILL)
-            _gone(procs, EXIT_WAIT)
+        stop([procs[rank] for rank in verdict.culprits], self.grace)
         restart = time.monotonic()
         for watch in self.watches.values():
             watch.moved = max(watch.moved, restart)  # their peer's death reaches them now: a full bound again
@@ -165,6 +160,15 @@ class Watchdog:
         for rank in stopped:
             log.info("hangs: stacks of rank %d:\n%s", rank, stacks.get(rank, "").rstrip() or "(none written)")
         self.watches.clear()
+
+
+def stop(procs: list[Any], grace: float) -> None:
+    """SIGTERM, then SIGKILL to those still running after ``grace`` seconds (a rank in a driver call ignores
+    SIGTERM); returns once they are gone, or ``EXIT_WAIT`` after the SIGKILL."""
+    _signal(procs, signal.SIGTERM)
+    if not _gone(procs, grace):
+        _signal([proc for proc in procs if proc.poll() is None], signal.SIGKILL)
+        _gone(procs, EXIT_WAIT)
 
 
 def _signal(procs: list[Any], sig: int) -> None:
@@ -203,14 +207,15 @@ def prepare() -> str:
     return directory
 
 
-def install(settings: Mapping[str, Any]) -> bool:
-    """Called in the torchrun launcher when ``hangs`` is on; never raises (torchrun then runs as usual)."""
+def install(settings: Mapping[str, Any], adapt: Callable[[Watchdog], None] = Watchdog.install,
+            launcher: str = "torchrun's agent") -> bool:
+    """Called in the launcher process when ``hangs`` is on: the watchdog, fitted to the launcher by ``adapt``
+    (torchrun's by default); never raises (the launcher then runs as usual)."""
     try:
-        directory = prepare()
-        Watchdog(settings, directory).install()
+        adapt(Watchdog(settings, prepare()))
     except Exception as exc:
         os.environ.pop(PROGRESS_VAR, None)
-        log.warning("hangs: torchrun's agent not adapted (%s: %s); hangs are not watched", type(exc).__name__, exc)
+        log.warning("hangs: %s not adapted (%s: %s); hangs are not watched", launcher, type(exc).__name__, exc)
         return False
     log.info("hangs: watched by this launcher; bounds: %s", Bounds(settings).describe())
     return True

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import sys
 
-CALLBACKS = ("FaultTolerance", "TaskdWorkerCallback", "StepRangesCallback", "TtpCallback", "ResumeCallback")
+CALLBACKS = ("FaultTolerance", "TaskdWorkerCallback", "StepRangesCallback", "TtpCallback", "ResumeCallback",
+             "HangsCallback")
 REGISTRY_MODULE = "mindformers.tools.register"
 
 __all__ = [*CALLBACKS, "register_with_mindformers"]

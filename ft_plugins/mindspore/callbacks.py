@@ -16,6 +16,7 @@ from mindspore.train import Callback, RunContext
 
 from ft_plugins.config import STRICT_VAR
 from ft_plugins.mindspore.base import FRAMEWORK, global_rank
+from ft_plugins.mindspore.hangs import HangsCallback
 from ft_plugins.mindspore.mstx import StepRangesCallback
 from ft_plugins.mindspore.recording import EventsCallback
 from ft_plugins.mindspore.resume import ResumeCallback, SaveCommitter
@@ -23,8 +24,8 @@ from ft_plugins.mindspore.taskd import TaskdWorkerCallback
 from ft_plugins.mindspore.ttp import TtpCallback, replica_problem
 from ft_plugins.runtime import activate
 
-__all__ = ["EventsCallback", "FaultTolerance", "ResumeCallback", "SaveCommitter", "StepRangesCallback",
-           "TaskdWorkerCallback", "TtpCallback", "global_rank", "replica_problem"]
+__all__ = ["EventsCallback", "FaultTolerance", "HangsCallback", "ResumeCallback", "SaveCommitter",
+           "StepRangesCallback", "TaskdWorkerCallback", "TtpCallback", "global_rank", "replica_problem"]
 
 
 class FaultTolerance(Callback):
@@ -52,7 +53,8 @@ class FaultTolerance(Callback):
             parts.append(self.resume)
         else:
             self.resume = None
-        for name, part in (("taskd", TaskdWorkerCallback), ("ttp", TtpCallback), ("mstx", StepRangesCallback)):
+        for name, part in (("taskd", TaskdWorkerCallback), ("ttp", TtpCallback), ("mstx", StepRangesCallback),
+                           ("hangs", HangsCallback)):
             if self.runtime.feature(name) is not None:
                 parts.append(part(runtime=self.runtime))
         self.parts = parts
@@ -72,6 +74,14 @@ class FaultTolerance(Callback):
     def on_train_step_end(self, run_context: RunContext) -> None:
         for part in reversed(self.parts):
             part.on_train_step_end(run_context)
+
+    def on_eval_begin(self, run_context: RunContext) -> None:
+        for part in self.parts:
+            part.on_eval_begin(run_context)
+
+    def on_eval_end(self, run_context: RunContext) -> None:
+        for part in reversed(self.parts):
+            part.on_eval_end(run_context)
 
     def on_train_end(self, run_context: RunContext) -> None:
         for part in reversed(self.parts):

@@ -1,4 +1,5 @@
-"""MindSpore glue for the job's events (:mod:`ft_plugins.events`), as :mod:`ft_plugins.torch.megatron.recording` is Megatron's.
+"""MindSpore glue for the job's events (:mod:`ft_plugins.events`), as
+:mod:`ft_plugins.torch.megatron.recording` is Megatron's.
 
 The record begins beside the run's checkpoints (``<root>/ft_events``, the root holding the ``rank_N`` folders: the
 resume directory, MindFormers' checkpoint folder, or the ``ModelCheckpoint``'s) unless ``FT_PLUGINS_EVENTS_DIR``

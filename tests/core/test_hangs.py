@@ -133,6 +133,40 @@ def test_a_main_thread_is_found_in_a_faulthandler_dump_and_its_innermost_frame_s
     forward = ['File "/m/megatron/core/transformer/attention.py", line 3 in forward',
                'File "/m/megatron/core/distributed/distributed_data_parallel.py", line 9 in forward']
     assert not waits_on_peers(forward)  # a model's forward inside Megatron's DDP wrapper waits for nobody
+    # MindSpore: the step's collectives run asynchronously; Python blocks where the train step cell synchronises
+    synchronising = ['File "/v/mindspore/common/api.py", line 708 in compile',
+                     'File "/v/mindspore/nn/wrap/cell_wrapper.py", line 447 in _no_sens_impl',
+                     'File "/v/mindspore/train/model.py", line 1220 in _train_process']
+    assert waits_on_peers(synchronising)
+    assert not waits_on_peers(['File "/s/train.py", line 70 in on_train_step_end',
+                               'File "/v/mindspore/train/model.py", line 1227 in _train_process'])
+
+
+def test_msrun_s_running_workers_are_numbered_as_msrun_numbers_them(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import faulthandler
+    from types import SimpleNamespace
+
+    from ft_plugins.launch.msrun_watch import running_workers
+
+    class Proc:
+        def __init__(self, pid: int, code: int | None = None) -> None:
+            self.pid, self.code = pid, code
+
+        def poll(self) -> int | None:
+            return self.code
+
+    procs = {0: Proc(os.getpid()), 1: Proc(12, -9)}
+
+    def manager(local: int, world: int, node: int) -> SimpleNamespace:
+        return SimpleNamespace(local_worker_num=local, worker_num=world, node_rank=node, proc_rank_map=procs)
+
+    assert running_workers(manager(2, 2, -1), str(tmp_path)) == {0: procs[0]}  # one node; the exited one left out
+    assert running_workers(manager(2, 8, 3), str(tmp_path)) == {6: procs[0]}  # --node_rank 3
+    assert running_workers(manager(2, 8, -1), str(tmp_path)) == {}  # ranks the cluster assigns: none reported yet
+    monkeypatch.setattr(faulthandler, "register", lambda *args, **kwargs: None)
+    progress.Reporter(str(tmp_path), 5)  # this process reports as rank 5
+    assert running_workers(manager(2, 8, -1), str(tmp_path)) == {5: procs[0]}
 
 
 def test_a_worker_reports_into_a_mapped_file_and_writes_its_stacks_when_asked(tmp_path: Path) -> None:
@@ -174,16 +208,17 @@ def test_options_are_declared_and_a_bad_value_names_the_variable() -> None:
         load(declared_options(), env={"FT_PLUGINS_HANGS_GRACE": "-1"})
 
 
-def test_asked_for_by_name_only_and_on_pytorch_only() -> None:
+def test_asked_for_by_name_only_and_watched_by_torchrun_or_msrun() -> None:
     from ft_plugins.vendors import VendorUnavailable
 
     hangs = Hangs("pt", DEFAULTS)
     with pytest.raises(VendorUnavailable, match="only when asked for"):
         hangs.start()
     hangs.requested = True
-    assert "max(60 s, 5 x the slowest step)" in hangs.start()
-    with pytest.raises(VendorUnavailable, match="PyTorch"):
-        Hangs("ms", DEFAULTS).start()
+    assert "torchrun; bounds: a step max(60 s, 5 x the slowest step)" in hangs.start()
+    on_mindspore = Hangs("ms", DEFAULTS)
+    on_mindspore.requested = True
+    assert "by ft-plugins run's msrun; bounds:" in on_mindspore.start()
 
 
 def test_the_run_summary_and_doctor_show_the_bounds() -> None:
@@ -191,6 +226,9 @@ def test_the_run_summary_and_doctor_show_the_bounds() -> None:
     notes = environment.plan(["torchrun", "--nproc-per-node", "2", "train.py"], env=env).notes
     assert any(note.startswith("hangs watched by torchrun: a step max(7 s, 5 x the slowest step)") for note in notes)
     assert not any("hangs" in note for note in environment.plan(["torchrun", "train.py"], env=os.environ).notes)
+    notes = environment.plan(["msrun", "--worker_num=2", "--local_worker_num=2", "train.py"], env=env).notes
+    assert any(note.startswith("hangs watched by msrun: a step max(7 s,") for note in notes)
+    assert any("torchrun or msrun only" in note for note in environment.plan(["python", "train.py"], env=env).notes)
     check = {check.name: check for check in doctor.check_hangs(env)}["hangs"]
     assert check.status == doctor.OK and "max(7 s," in check.detail and "watched" in check.detail
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from support import PYTHON, free_port
+from support import PYTHON, free_port, kill_tree
 
 from ft_plugins.processes import alive
 
@@ -87,7 +87,7 @@ def wait(job: Job, timeout: float = 240, faulted: bool = False) -> Job:
     while job.process.poll() is None:
         workers = [pid for pid, role in processes(job).items() if role == "MS_WORKER"]
         if time.monotonic() > deadline or (faulted and len(workers) == WORKERS and not any(map(alive, workers))):
-            os.killpg(job.process.pid, signal.SIGKILL)  # msrun, its scheduler and its log tails
+            kill_tree(job.process.pid)  # msrun (or ft-plugins run and its msrun), its scheduler and its log tails
             if time.monotonic() > deadline:
                 job.process.wait()
                 raise AssertionError(f"msrun job timed out after {timeout} s:\n{_output(job)[-3000:]}")

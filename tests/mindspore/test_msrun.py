@@ -6,8 +6,11 @@ checkpoints on disk. A crash is rank 1 SIGKILLing itself right after a step ende
 SIGTERM to the launcher. The jobs form one chain, each fixture built on the one before:
 reference (MindSpore alone; msrun SIGTERMed, its orphans train on to the end) ·
 crashed (MindSpore alone, rank 1 killed after step 14) · dumped (the same with ``ttp``) ·
-preempted (relaunched with the recipe under ``ft-plugins run``, ``FaultTolerance`` listed after the slow step
-log, SIGTERM to it after step 19) ·
+hung (under ``ft-plugins run`` with ``ttp,resume,hangs``, rank 1 stuck for good after step 14, deaf to SIGTERM:
+msrun's watchdog ends it, rank 0 dumps step 14, bit-identical to the crash's dump; beside it the same hang with
+MindSpore alone, still waiting) ·
+preempted (relaunched on the crash's dump with the recipe under ``ft-plugins run``, ``FaultTolerance`` listed
+after the slow step log, SIGTERM to it after step 19) ·
 finished (relaunched again, to the end).
 The three launches with ft_plugins are one job by its name (``FT_PLUGINS_EVENTS_JOB``): their events, beside the
 checkpoints, are copied with them from launch to launch, and ``ft-plugins report`` reads the whole chain.
@@ -20,13 +23,15 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 import msrun_jobs
 from msrun_jobs import STEPS, WORKERS, Job, alive, assert_same_parameters, job_env, processes
-from support import PYTHON
+from support import PYTHON, kill_tree
 
 KILLED_AFTER = 14  # two steps after the save of step 12
 # the relaunch starts at step 15 and saves at 18 and 22: SIGTERM once step 19 ended, each step after 18 taking
@@ -35,6 +40,8 @@ STOPPED_AFTER, NEXT_SAVE = 19, 22
 GRACE = 20
 FT_RUN = (PYTHON, "-m", "ft_plugins.cli", "run", "--grace", str(GRACE), "--")
 JOB = {"FT_PLUGINS_EVENTS_JOB": "msrun-chain"}  # the launches with ft_plugins: one job, relaunched
+HANG_BOUNDS = {"FT_PLUGINS_HANGS_FLOOR": "3", "FT_PLUGINS_HANGS_WARMUP": "60", "FT_PLUGINS_HANGS_GRACE": "1"}
+HELD = 10  # seconds the hang without ft_plugins is watched after its step 14: over 3 x the step bound
 
 
 def _copy(root: Path, target: Path) -> Path:
@@ -85,9 +92,44 @@ def dumped(tmp_path_factory: pytest.TempPathFactory) -> Job:
     return job
 
 
+class Control:
+    """The hang with MindSpore alone, looked at ``HELD`` seconds after its rank 1 recorded step 14, then ended
+    from outside with all its processes (msrun's workers run in sessions of their own)."""
+
+    def __init__(self, job: Job) -> None:
+        self.job, self.alive, self.steps, self.lines = job, {}, [], []
+        self.thread = threading.Thread(target=self._look, daemon=True)
+        self.thread.start()
+
+    def _look(self) -> None:
+        try:
+            msrun_jobs.wait_for_step(self.job, 1, KILLED_AFTER)
+            time.sleep(max(0.0, os.stat(self.job.out / "steps_1.jsonl").st_mtime + HELD - time.time()))
+            self.alive = {pid: alive(pid) for pid, role in processes(self.job).items() if role == "MS_WORKER"}
+            self.steps = [self.job.steps(rank) for rank in range(WORKERS)]
+            self.lines = [line for rank in range(WORKERS) for line in self.job.log(rank).splitlines()
+                          if "ft_plugins" in line]
+        finally:
+            kill_tree(self.job.process.pid)
+            self.job.process.wait()
+
+
+@pytest.fixture(scope="module")
+def hung(tmp_path_factory: pytest.TempPathFactory) -> tuple[Job, Control]:
+    """Rank 1 stuck for good right after step 14 under ``ft-plugins run -- msrun`` with ``ttp,resume,hangs``;
+    beside it, at the same time, the same hang with MindSpore alone (the negative control)."""
+    stuck = f"1,{KILLED_AFTER}"
+    control = Control(msrun_jobs.start(tmp_path_factory.mktemp("hang_alone"), "plain", job_env(FT_TEST_STUCK=stuck)))
+    env = job_env(FT_PLUGINS="ttp,resume,hangs", FT_TEST_STUCK=stuck, **HANG_BOUNDS)
+    job = msrun_jobs.wait(msrun_jobs.start(tmp_path_factory.mktemp("hung"), "recipe", env, launcher=FT_RUN),
+                          faulted=True)
+    control.thread.join(120)
+    return job, control
+
+
 @pytest.fixture(scope="module")
 def preempted(dumped: Job, tmp_path_factory: pytest.TempPathFactory) -> Job:
-    """Relaunched on the dump under ``ft-plugins run``; SIGTERM to the launcher once rank 0 ended step 19.
+    """Relaunched on the crash's dump under ``ft-plugins run``; SIGTERM to the launcher once rank 0 ended step 19.
     ``FaultTolerance`` is listed last, so the signal finds each worker in the step log's slow step end, before
     FaultTolerance's own: the step it follows is completed all the same."""
     workdir = tmp_path_factory.mktemp("preempted")
@@ -144,6 +186,39 @@ def test_the_dump_and_the_regular_saves_record_their_writes_for_the_grace(dumped
     saved = finished.root / "rank_0" / measured.what.removeprefix("save ")
     assert measured.what.startswith("save net_") and measured.written == saved.stat().st_size
     assert "longer than msrun's grace" not in dumped.log(0) + finished.log(0)
+
+
+def test_a_hung_rank_is_found_by_msrun_s_watchdog_named_with_its_stacks_and_ended(hung: tuple[Job, Control]) -> None:
+    job = hung[0]
+    assert "hangs watched by msrun: a step max(3 s, 5 x the slowest step)" in job.stdout, job.stdout[-3000:]
+    found = [line for line in job.stdout.splitlines() if "hangs: rank 1 (pid" in line]
+    assert len(found) == 1 and f"in between steps of step {KILLED_AFTER} (bound 3.0 s)" in found[0], job.stdout[-4000:]
+    stacks = job.stdout.split(found[0], 1)[1]
+    assert "msrun_train.py\", line" in stacks and "in on_train_step_end" in stacks  # where it stands
+    assert "hangs: rank 0 waits for it in a collective" in job.stdout
+    # then msrun meets its death as any other: SIGKILLed (it ignored SIGTERM), msrun stops the job
+    pid = int(found[0].split("(pid ", 1)[1].split(")", 1)[0])
+    assert f"Worker process {pid} exit with exception. Error code: -9." in job.stdout
+    assert [job.steps(rank)[-1] for rank in range(WORKERS)] == [KILLED_AFTER, KILLED_AFTER]
+
+
+def test_the_hang_s_dump_holds_the_crash_s_step_bit_for_bit(hung: tuple[Job, Control], dumped: Job) -> None:
+    from mindspore import load_checkpoint
+
+    job = hung[0]
+    assert _latest_step(job.root) == (2, 6)  # step 14, committed: the relaunch below resumes from it
+    assert "dying-gasp checkpoint of step 14 written" in job.log(0)
+    for rank in range(WORKERS):
+        ours, theirs = (load_checkpoint(str(root / f"rank_{rank}" / "net-2_6.ckpt"))
+                        for root in (job.root, dumped.root))
+        assert_same_parameters({k: v.asnumpy() for k, v in ours.items()}, {k: v.asnumpy() for k, v in theirs.items()})
+
+
+def test_without_ft_plugins_the_same_hang_is_still_waiting_past_the_bound(hung: tuple[Job, Control]) -> None:
+    control = hung[1]
+    assert len(control.alive) == WORKERS and all(control.alive.values()), control.alive
+    assert control.steps == [list(range(1, KILLED_AFTER + 1))] * WORKERS  # no step after 14, nothing said
+    assert control.lines == []
 
 
 def test_the_relaunch_resumes_at_the_dumped_step(dumped: Job, preempted: Job, reference: Job) -> None:
