@@ -3,9 +3,11 @@
 A dump races the launcher's clock: torchrun SIGTERMs the survivors when a worker dies and SIGKILLs them
 30 s later; a Kubernetes pod gets its ``terminationGracePeriodSeconds``. A dump still writing then is
 lost. The time a dump needs is estimated from this job's own writes: every periodic save and every dump
-records beside the checkpoints (:data:`RECORD` in the save directory) how many bytes its largest writer
-wrote and in how long; the estimate is those bytes at that speed, times :data:`MARGIN`, plus :data:`FIXED`
-(freezing the step, gathering, the commit). Framework-neutral: the glue says what was written and when.
+records beside the checkpoints (:data:`RECORD` in the save directory, the last :data:`HISTORY` writes) how
+many bytes its largest writer wrote and in how long; the estimate is the largest of those sizes at the
+slowest speed recorded (a file system is not always as fast as last time), times :data:`MARGIN`, plus
+:data:`FIXED` (freezing the step, gathering, the commit). Framework-neutral: the glue says what was written
+and when.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from ft_plugins.events import option
 log = logging.getLogger("ft_plugins.grace")
 
 RECORD = "ft_write_speed.json"
+HISTORY = 32  # writes kept: enough to have met the file system's slow days, bounded so reading stays cheap
 MARGIN = 1.5  # a slower file system than measured, several nodes writing at once
 FIXED = 5.0  # seconds a dump spends besides writing: the freeze, gathering the optimizer, the commit
 TORCHRUN_GRACE = 30.0  # torch's elastic agent: SIGTERM to the survivors, SIGKILL 30 s later
@@ -46,25 +49,40 @@ class Measured:
 
 
 def record(save_dir: str, measured: Measured) -> None:
-    """Keep ``measured`` as the save directory's latest write; a failure is logged, never raised into training."""
+    """Add ``measured`` to the save directory's recent writes; a failure is logged, never raised into training.
+    Writers recording at the same moment may drop one another's entry (each rename is whole): one write less."""
+    kept = [*_history(save_dir), measured][-HISTORY:]
     try:
         with atomic_file(os.path.join(save_dir, RECORD)) as handle:
-            json.dump(asdict(measured), handle)
+            json.dump({"writes": [asdict(write) for write in kept]}, handle)
     except OSError as exc:
         log.debug("grace: cannot record the write speed in %s: %s", save_dir, exc)
 
 
 def measured(save_dir: str | None) -> Measured | None:
-    """The latest write recorded in ``save_dir``; None when none was (or the record is unreadable)."""
-    if not save_dir:
+    """What the estimate rests on: the largest write recorded in ``save_dir`` at the slowest speed recorded;
+    None when none was (or the record is unreadable)."""
+    writes = _history(save_dir) if save_dir else []
+    if not writes:
         return None
+    slowest = min(writes, key=lambda write: write.speed)
+    if len(writes) == 1:
+        return slowest
+    largest = max(write.written for write in writes)
+    return Measured(largest, largest / slowest.speed,
+                    f"{slowest.what}, the slowest of the {len(writes)} writes recorded")
+
+
+def _history(save_dir: str) -> list[Measured]:
+    """The recorded writes, oldest first (a record of one write, as earlier releases kept, is read too)."""
     try:
         with open(os.path.join(save_dir, RECORD), "rb") as handle:
-            data = json.loads(handle.read(1 << 16))
-        found = Measured(int(data["written"]), float(data["seconds"]), str(data["what"]))
+            data = json.loads(handle.read(1 << 20))
+        entries = data["writes"] if isinstance(data, dict) and "writes" in data else [data]
+        writes = [Measured(int(entry["written"]), float(entry["seconds"]), str(entry["what"])) for entry in entries]
     except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return found if found.written >= 0 and found.seconds >= 0 else None
+        return []
+    return [write for write in writes if write.written > 0 and write.seconds >= 0]  # 0 bytes: nothing was found
 
 
 def largest_writer(checkpoint: str) -> int:

@@ -2,9 +2,10 @@
 
 A dump of iteration K is written by the survivors, one writer per shard, into
 ``<save>/iter_{K:07d}_tmp/<shard>/<file>`` (the shard directories Megatron names, e.g. ``mp_rank_00``).
-Each writer writes its files under temporary names, fsyncs and renames them, then writes the part
-record ``<shard>/ft_part.json`` (which shard, which K, every shard of the run, who wrote it, which
-files): a part without a record is one whose writer was killed mid-write.
+Each writer writes its files under temporary names (handed to the disk while written, :mod:`.writeback`),
+fsyncs and renames them, then writes the part record ``<shard>/ft_part.json`` (which shard, which K, every
+shard of the run, who wrote it, which files): a part without a record is one whose writer was killed
+mid-write.
 
 Commit (:func:`commit_dump`) = coverage check (every shard of the run has a part, every part is of
 K) + rename to ``iter_{K:07d}`` + commit manifest + atomic tracker update. It is idempotent and
@@ -25,6 +26,7 @@ from ft_plugins.checkpoint.atomic import atomic_file, fsync_directory
 from ft_plugins.checkpoint.errors import ManifestError
 from ft_plugins.checkpoint.manifest import MANIFEST, write_manifest
 from ft_plugins.checkpoint.naming import ITERATION_DIR, advance_tracker, dump_dir, iteration_dir, tracker_iteration
+from ft_plugins.checkpoint.writeback import handed_to_disk
 
 PART_RECORD = "ft_part.json"
 
@@ -62,7 +64,8 @@ def write_part(save_dir: str, part: Part, writes: Mapping[str, Callable[[str], N
     for filename, write in writes.items():
         target = os.path.join(directory, filename)
         temporary = f"{target}.{part.writer}.partial"
-        write(temporary)
+        with handed_to_disk(temporary):  # on its way to the disk while written: the fsync waits for the tail
+            write(temporary)
         with open(temporary, "rb+") as handle:
             os.fsync(handle.fileno())
         os.replace(temporary, target)

@@ -100,13 +100,15 @@ class _Examiner:
     def _older_committed(self, index: int) -> bool:
         """Whether one of the nearest older checkpoints of this run is committed (the run uses the commit
         protocol); a few suffice, so the cost does not grow with the history."""
-        for i in range(index + 1, min(index + 1 + _COMMITTED_LOOKBACK, len(self.candidates))):
-            if i not in self._has_manifest:
-                manifests = self.candidates[i].manifests
-                self._has_manifest[i] = bool(manifests) and all(os.path.exists(path) for path, _ in manifests)
-            if self._has_manifest[i]:
-                return True
-        return False
+        return any(self.committed(i) for i in range(index + 1, min(index + 1 + _COMMITTED_LOOKBACK,
+                                                                      len(self.candidates))))
+
+    def committed(self, index: int) -> bool:
+        """Whether the candidate's manifests are all written."""
+        if index not in self._has_manifest:
+            manifests = self.candidates[index].manifests
+            self._has_manifest[index] = bool(manifests) and all(os.path.exists(path) for path, _ in manifests)
+        return self._has_manifest[index]
 
     def problems(self, index: int) -> list[str]:
         candidate = self.candidates[index]
@@ -196,7 +198,9 @@ def find_latest(directory: str | os.PathLike[str], format: str = "auto", rank: i
         if not problems:
             chosen = layout.details(candidate)
             return Selection(chosen.path, chosen.iteration, layout.name, skipped, chosen.epoch, chosen.step)
-        skipped.append(Skipped(candidate.path, "; ".join(problems), candidate.unfinished))
+        cut_short = candidate.never_committed if candidate.never_committed and not examiner.committed(index) else None
+        reasons = [*problems, cut_short] if cut_short else problems
+        skipped.append(Skipped(candidate.path, "; ".join(reasons), candidate.unfinished or bool(cut_short)))
     return Selection(None, None, layout.name, skipped)
 
 

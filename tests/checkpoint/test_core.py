@@ -121,6 +121,7 @@ def test_resume_feature_is_registered_needs_no_vendor_and_reads_its_options(tmp_
         assert isinstance(feature, Resume) and feature.settings["deep"] and feature.settings["allow_scratch"]
         _megatron_iteration(tmp_path, 2, {"w": torch.ones(3)})
         (tmp_path / "iter_0000002" / "mp_rank_00" / "model_optim_rng.pt").write_bytes(b"")
+        (tmp_path / "latest_checkpointed_iteration.txt").write_text("2")  # committed by Megatron, then damaged
         assert feature.choose(str(tmp_path)).path is None  # allowed: from scratch, with a warning
         assert "0 saves committed" in runtime.report()["resume"]["activity"]
     finally:

@@ -218,6 +218,44 @@ def test_torch_dist_resume_without_metadata_continues_like_megatron_resuming_fro
     assert resumed[3] == _losses((dist_save.parent / "output.txt").read_text())[3]
 
 
+@pytest.mark.parametrize("pristine, damaged", [("torch_save", MODEL), ("dist_save", ".metadata")])
+def test_a_periodic_save_cut_short_alone_starts_as_megatron_would_but_a_committed_damaged_one_is_refused(
+        pristine: str, damaged: str, request: pytest.FixtureRequest, tmp_path: Path, damage,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The first periodic save killed midway: Megatron never moved its tracker, ft_plugins never wrote the
+    manifest, so it is no checkpoint; Megatron alone would start from scratch, and so does the job."""
+    from ft_plugins.features.resume import NoIntactCheckpoint, Resume
+
+    source = request.getfixturevalue(pristine)
+    save = damage.copy(source, tmp_path / "ckpt")
+    for later in save.glob("iter_*"):
+        if later.name != "iter_0000002":
+            shutil.rmtree(later)
+    (save / TRACKER).unlink()
+    damage.strip_manifests(save)
+    if damaged == MODEL:
+        damage.truncate(_iter(save, 2) / MODEL)
+    else:
+        (_iter(save, 2) / damaged).unlink()
+    resume = Resume("pt", {option.name: option.default for option in Resume.options})
+    resume.start()
+    with caplog.at_level("WARNING", logger="ft_plugins"):
+        selection = resume.choose(str(save))
+    assert selection.path is None and [skipped.unfinished for skipped in selection.skipped] == [True]
+    assert selection.skipped[0].reason.endswith(f"never committed ({TRACKER} is absent, no manifest): a save cut "
+                                                "short, not a checkpoint"), selection.skipped[0].reason
+    said = [record.getMessage() for record in caplog.records]
+    assert any(line.endswith("only saves that never finished (iter_0000002); starting as the job would without one")
+               for line in said), said
+    (save / TRACKER).write_text("2")  # Megatron committed it: damaged, it stops the start as before
+    with pytest.raises(NoIntactCheckpoint, match="none is intact"):
+        resume.choose(str(save))
+    (save / TRACKER).unlink()
+    shutil.copy(_iter(source, 2) / "ft_manifest.json", _iter(save, 2))  # committed by ft_plugins' manifest
+    with pytest.raises(NoIntactCheckpoint, match="none is intact"):
+        resume.choose(str(save))
+
+
 def test_checkpoints_but_none_intact_is_an_error_unless_scratch_is_allowed(torch_save: Path, tmp_path: Path,
                                                                            damage) -> None:
     save = damage.copy(torch_save, tmp_path / "ckpt")

@@ -43,6 +43,28 @@ def test_the_record_is_read_back_and_the_estimate_has_its_margin(tmp_path: Path)
     assert grace.measured(str(save)) is None and grace.measured(None) is None
 
 
+def test_the_estimate_rests_on_the_slowest_write_of_a_bounded_history(tmp_path: Path) -> None:
+    """The latest write may have met a quiet file system: a dump then must not be planned at its speed."""
+    save = tmp_path / "ckpt"
+    slow = grace.Measured(10 * GB, 50.0, "save of iteration 100")  # 200 MB/s
+    for write in (slow, grace.Measured(10 * GB, 10.0, "dump of iteration 150"),
+                  grace.Measured(12 * GB, 12.0, "save of iteration 200")):  # the latest: 1 GB/s
+        _recorded(save, write)
+    found = grace.measured(str(save))
+    assert (found.written, found.seconds) == (12 * GB, pytest.approx(60.0)), "the largest size at the slowest speed"
+    assert found.what == "save of iteration 100, the slowest of the 3 writes recorded"
+    quick = grace.Measured(GB // 10, 0.05, "dump of iteration 300")  # 2 GB/s
+    for _ in range(grace.HISTORY - 1):
+        grace.record(str(save), quick)
+    found = grace.measured(str(save))  # the two oldest writes fell out of the history
+    assert (found.seconds, found.what) == (pytest.approx(12.0), "save of iteration 200, the slowest of the "
+                                                                  f"{grace.HISTORY} writes recorded")
+    grace.record(str(save), quick)
+    assert grace.measured(str(save)).written == GB // 10
+    (save / grace.RECORD).write_text(json.dumps({"written": slow.written, "seconds": 50.0, "what": slow.what}))
+    assert grace.measured(str(save)) == slow, "a record of one write, as earlier releases kept"
+
+
 def test_the_largest_writer_of_a_checkpoint(tmp_path: Path) -> None:
     for shard, size in (("mp_rank_00", 300), ("mp_rank_01", 500)):
         (tmp_path / "torch" / shard).mkdir(parents=True)
@@ -212,4 +234,4 @@ def test_k8s_cli_takes_the_estimate_from_the_save_directory(tmp_path: Path) -> N
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "terminationGracePeriodSeconds: 65" in result.stdout and "a dump needs about 65 s" in result.stderr
-    assert json.loads((save / grace.RECORD).read_text())["what"] == "save of iteration 100"
+    assert grace.measured(str(save)) == SLOW, "read, never written"

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,35 @@ def test_a_writer_killed_mid_write_leaves_no_record_and_no_commit(tmp_path: Path
     selection = find_latest(tmp_path, "megatron")
     assert selection.path is None
     assert [s.reason for s in selection.skipped] == ["dying-gasp dump never committed: " + "; ".join(outcome.reasons)]
+
+
+def test_a_part_is_on_its_way_to_the_disk_while_it_is_written(tmp_path: Path, monkeypatch) -> None:
+    """Each chunk's writeback is started as the file grows, so the fsync after the write waits for the tail only;
+    the bytes are the writer's own."""
+    from ft_plugins.checkpoint import writeback
+
+    chunk, chunks = 1 << 16, 6
+    started: list[tuple[int, int, int]] = []
+    real = writeback._START_WRITEBACK
+    assert real is not None, "sync_file_range is found on Linux"
+    monkeypatch.setattr(writeback, "CHUNK", chunk)
+    monkeypatch.setattr(writeback, "_START_WRITEBACK",
+                        lambda fd, offset, length, flags: started.append((offset, length, flags)) or real(fd, offset,
+                                                                                                         length, flags))
+
+    def slow_write(path: str) -> None:  # a serializer producing its file chunk by chunk
+        with open(path, "wb") as handle:
+            for index in range(chunks):
+                handle.write(bytes([index]) * chunk)
+                handle.flush()
+                time.sleep(writeback.POLL * 4)
+
+    write_part(str(tmp_path), Part("mp_rank_00", 5, ("mp_rank_00",), 0), {"model_optim_rng.pt": slow_write})
+    assert started and started[0][0] == 0 and {flags for _, _, flags in started} == {2}
+    assert all(offset + length == following for (offset, length, _), (following, _, _) in zip(started, started[1:]))
+    assert started[-1][0] + started[-1][1] >= (chunks - 1) * chunk, started
+    written = (Path(dump_dir(str(tmp_path), 5)) / "mp_rank_00" / "model_optim_rng.pt").read_bytes()
+    assert written == b"".join(bytes([index]) * chunk for index in range(chunks))
 
 
 def test_a_dump_never_replaces_a_periodic_save_of_the_same_step(tmp_path: Path) -> None:

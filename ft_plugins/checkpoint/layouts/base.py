@@ -31,6 +31,8 @@ class Candidate:
     rejected: str | None = None
     # a save that never finished (a dump in progress, a tmp-checkpoint never renamed): not a checkpoint at all
     unfinished: bool = False
+    # why the candidate, found damaged, is no checkpoint either (nothing committed it), unless its manifest exists
+    never_committed: str | None = None
     manifests: list[tuple[str, str]] = field(default_factory=list)  # (manifest, directory its paths are relative to)
     rank_files: dict[int, str] = field(default_factory=dict)
 

@@ -15,12 +15,22 @@ from ft_plugins.checkpoint.reading import read_json
 _RELEASE_FIRST = 1 << 62  # a release named by the tracker sorts before every iteration
 
 
+def _never_committed(tracker: int | str | None, iteration: int) -> str | None:
+    """Why a periodic save of ``iteration`` was never committed: Megatron moves its tracker once every rank
+    saved, so a save the tracker never reached is one cut short (Megatron alone would not load it)."""
+    if isinstance(tracker, int) and tracker >= iteration:
+        return None
+    named = "is absent" if tracker is None else f"names {tracker}"
+    return f"never committed ({TRACKER} {named}, no manifest): a save cut short, not a checkpoint"
+
+
 class Megatron(Layout):
     """``iter_{:07d}/mp_rank_XX[_YYY][_ZZZ]/model_optim_rng.pt`` (+ ``distrib_optim.pt``), or a
     ``torch_dist`` directory (``.metadata``, ``metadata.json``, ``*.distcp``, and ``common.pt`` when
     ``metadata.json`` names a ``common_backend``: megatron-core before 0.19 writes it, 0.19 and later keep
     the common state inside the ``.distcp`` files); ``iter_{:07d}_tmp`` is a dying-gasp save still in
-    progress; the tracker names the last commit."""
+    progress; the tracker names the last commit: a damaged save newer than it, without a manifest, is one cut
+    short, no reason to refuse a start."""
 
     name = "megatron"
     keeps_verdicts = True
@@ -47,6 +57,7 @@ class Megatron(Layout):
                     candidate.rejected, candidate.unfinished = pending_reason(entry.path), True
                 else:
                     iterations.add(iteration)
+                    candidate.never_committed = _never_committed(tracker, iteration)
                 scan.candidates.append(candidate)
             elif entry.name == RELEASE:
                 top = tracker == RELEASE
