@@ -21,7 +21,7 @@ from ft_plugins.checkpoint import commit, find_latest
 from ft_plugins.checkpoint import select as select_module
 from ft_plugins.checkpoint.distcp import storage_extents
 from ft_plugins.checkpoint.verdicts import VERDICT_FILE
-from ft_plugins.features.resume import Resume
+from ft_plugins.features.resume import NoIntactCheckpoint, Resume
 
 
 def _save(root: Path, iteration: int, dist: bool) -> Path:
@@ -214,6 +214,13 @@ def test_resume_says_what_the_check_cost(save: Path, caplog: pytest.LogCaptureFi
     assert any(line.startswith(f"resume: newest checkpoint {save / 'iter_0000004'} is intact (checked in ")
                and line.endswith(" s)") for line in lines), lines
     assert any(line.startswith(f"resume: using {save / 'iter_0000002'} instead (checked in ") for line in lines), lines
+    os.truncate(_data_file(save / "iter_0000002"), 10)
+    with pytest.raises(NoIntactCheckpoint, match=r"rank 0 logs why\), checked in \d+\.\d s; fix or remove"):
+        resume.choose(str(save))
+    resume.settings["allow_scratch"] = True
+    with caplog.at_level(logging.INFO, logger="ft_plugins"):
+        resume.choose(str(save))
+    assert caplog.records[-1].getMessage().startswith(f"resume: no intact checkpoint in {save} (checked in ")
 
 
 def _text(value: str) -> bytes:
