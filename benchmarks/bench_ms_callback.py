@@ -5,7 +5,8 @@ any overhead shows. Three variants, interleaved in rounds so machine noise hits 
   bare       Model.train with no callback (run twice per round: the second run, "control", gives
              the noise floor of the comparison)
   ft         Model.train with FaultTolerance: taskd, mstx, resume on (TaskD and mstx are in-memory
-             stand-ins with the vendor signatures: the real ones cannot run here; ttp refuses CPU)
+             stand-ins with the vendor signatures: the real ones cannot run here; ttp refuses CPU), and
+             the job's events for ``ft-plugins report``, recorded beside the resume directory
 Step times are the fastest round (as timeit reports) and the median ratio of paired rounds. On a
 shared 2-core machine whole-step ratios move by several percent either way from run to run, so the
 callback's own cost per step is also timed directly, by calling its step events as Model.train does.
@@ -138,6 +139,11 @@ def main() -> None:
           f"{_median_ratio(control, bare):.4f}")
     print(f"FaultTolerance's own step events: {own * 1e6:.2f} us per step = "
           f"{own / min(bare) * 100:.3f} % of the bare step")
+    from ft_plugins.mindspore.recording import EventsCallback
+
+    recorded = min(_callback_cost(EventsCallback(save_dir), 2000) for _ in range(5))
+    print(f"of which the job's events (a clock read and a tuple kept per step, written every 5 s): "
+          f"{recorded * 1e6:.2f} us per step = {recorded / min(bare) * 100:.3f} % of the bare step")
 
 
 if __name__ == "__main__":

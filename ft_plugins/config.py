@@ -23,6 +23,7 @@ PROGRESS_VAR = "FT_PLUGINS_PROGRESS"  # set by the launcher that watches for han
 EVENTS_VAR = "FT_PLUGINS_EVENTS_DIR"  # where every process writes its events: ft_plugins.events
 EVENTS_JOB_VAR = "FT_PLUGINS_EVENTS_JOB"  # the job's name in them, set by ft-plugins run for its workers
 GRACE_VAR = "FT_PLUGINS_GRACE"  # seconds from SIGTERM to SIGKILL ft-plugins run arranged: ft_plugins.grace
+GRACE_FOLLOWS_VAR = "FT_PLUGINS_GRACE_FOLLOWS"  # the save directory whose recorded writes raise that grace
 RESTART_VAR = "TORCHELASTIC_RESTART_COUNT"  # torchrun's restart attempt a worker belongs to (0: the first)
 LOG_LEVELS = ("debug", "info", "warning", "error")
 PREFIX = "FT_PLUGINS_"
@@ -181,7 +182,7 @@ def load(
     }
     for var, raw in env.items():
         if not var.startswith(PREFIX) or var in (STRICT_VAR, LOG_VAR, INJECT_VAR, RECOVERY_VAR, PROGRESS_VAR,
-                                                 EVENTS_VAR, EVENTS_JOB_VAR, GRACE_VAR):
+                                                 EVENTS_VAR, EVENTS_JOB_VAR, GRACE_VAR, GRACE_FOLLOWS_VAR):
             continue
         if var not in by_var:
             accepted = ", ".join(sorted(by_var)) or "none"

@@ -2,10 +2,11 @@
 
 Each process appends to a file of its own (``<host>-<pid>-<role>.jsonl``; a process forked or turned into another
 rank gets a new one), so no two writers share a file, in ``FT_PLUGINS_EVENTS_DIR`` or, by default,
-``<save>/ft_events`` (Megatron's ``--save``, or a Hugging Face script's ``--output_dir``, on the command line);
-with neither, or with ``FT_PLUGINS=none``, nothing is written. The first line names the job (torchrun's
-``--rdzv-id``, else the ``ft-plugins run`` launcher's pid), the role, the rank, the restart attempt and the
-replacement's life, so two jobs in one folder are told apart.
+``<save>/ft_events`` (Megatron's ``--save``, or a Hugging Face script's ``--output_dir``, on the command line;
+MindSpore's checkpoint folder, once its glue knows it); with none, or with ``FT_PLUGINS=none``, nothing is written.
+The first line names the job (``FT_PLUGINS_EVENTS_JOB``, else torchrun's ``--rdzv-id``, else the ``ft-plugins run``
+launcher's pid), the role, the rank, the launcher (its parent), the restart attempt and the replacement's life, so
+two jobs in one folder are told apart, and a job launched again is told from its restart attempts.
 
 A rare event (a fault, a save, a recovery phase) is written at once: the process may be killed the next moment.
 Steps are kept in memory and written every :data:`FLUSH_EVERY` seconds, at exit and before
@@ -43,6 +44,29 @@ def directory(env: Mapping[str, str], argv: Sequence[str]) -> str | None:
     return os.path.join(save, FOLDER) if save else None
 
 
+def size_on_disk(path: str) -> int | None:
+    """The bytes a save left at ``path``: the file's, or every file's under the folder; None when unreadable."""
+    try:
+        if not os.path.isdir(path):
+            return os.path.getsize(path)
+        return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path) for name in names)
+    except OSError:
+        return None
+
+
+def process_started() -> float:
+    """When this process started (``time.time()`` scale), for a record begun late (MindSpore knows where its
+    checkpoints go only once training begins); now where ``/proc`` does not tell."""
+    try:
+        with open("/proc/self/stat", "rb") as handle:
+            ticks = int(handle.read().rsplit(b")", 1)[1].split()[19])
+        with open("/proc/uptime", "rb") as handle:
+            uptime = float(handle.read().split()[0])
+        return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.time()
+
+
 def option(argv: Sequence[str], name: str) -> str | None:
     """The value of ``name`` (``--name V`` or ``--name=V``) on a command line, the last one given."""
     found = None
@@ -71,7 +95,7 @@ def exit_kind(code: int) -> str:
 class Recorder:
     """One process's events file."""
 
-    def __init__(self, folder: str, role: str, env: Mapping[str, str]) -> None:
+    def __init__(self, folder: str, role: str, env: Mapping[str, str], since: float | None = None) -> None:
         os.makedirs(folder, exist_ok=True)
         self.pid, self.rank = os.getpid(), None if role == "launcher" else env_rank(env)
         self.path = os.path.join(folder, f"{socket.gethostname()}-{self.pid}-{role}.jsonl")
@@ -82,8 +106,9 @@ class Recorder:
         run_id = env.get("TORCHELASTIC_RUN_ID", "none")
         job = env.get(EVENTS_JOB_VAR) or (run_id if run_id != "none" else f"pid{os.getppid()}")
         os.environ.setdefault(EVENTS_JOB_VAR, job)  # what this process forks or starts belongs to the same job
-        self.emit("start", {"job": job,
-                            "role": role, "rank": self.rank, "pid": self.pid, "host": socket.gethostname(),
+        self.emit("start", {"job": job, **({"t": round(since, 4)} if since is not None else {}),
+                            "role": role, "rank": self.rank, "pid": self.pid, "parent": os.getppid(),
+                            "host": socket.gethostname(),
                             "attempt": int(env.get(RESTART_VAR, "0") or 0), "generation": int(generation or 0),
                             "life": int(life or 0)})
 
@@ -108,8 +133,10 @@ _recorder: Recorder | None = None
 _role = "worker"
 
 
-def start(role: str) -> None:
-    """Begin this process's events (once; again in a process that became another rank or a forked copy)."""
+def start(role: str, beside: str | None = None, since: float | None = None) -> None:
+    """Begin this process's events (once; again in a process that became another rank or a forked copy);
+    ``beside``: the job's checkpoint folder, for ``<beside>/ft_events`` where neither the environment nor the
+    command line names a folder; ``since``: when the process started, for a record begun late."""
     global _recorder, _role
     _role = role
     argv = getattr(sys, "orig_argv", sys.argv)
@@ -120,8 +147,11 @@ def start(role: str) -> None:
     if _recorder is not None:  # a forked copy's, or the rank's this process was before: its own file from here
         os.close(_recorder.fd)
     folder = directory(os.environ, argv)
+    if folder is None and beside and not os.environ.get(EVENTS_VAR, "").strip() and \
+            os.environ.get(SELECT_VAR, "").strip().lower() != "none":
+        folder = os.path.join(beside, FOLDER)
     try:
-        _recorder = Recorder(folder, role, os.environ) if folder else None
+        _recorder = Recorder(folder, role, os.environ, since) if folder else None
     except (OSError, ValueError):
         _recorder = None  # an unwritable folder: the job trains without its record
 

@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass
 from typing import Mapping, Sequence
 
 from ft_plugins.checkpoint.atomic import atomic_file
-from ft_plugins.config import GRACE_VAR
+from ft_plugins.config import GRACE_FOLLOWS_VAR, GRACE_VAR
+from ft_plugins.events import option
 
 log = logging.getLogger("ft_plugins.grace")
 
@@ -87,9 +88,10 @@ def _sizes(directory: str) -> list[int]:
         return [entry.stat().st_size for entry in entries if entry.is_file(follow_symlinks=False)]
 
 
-def estimate(state_bytes: int, speed: float) -> float:
-    """Seconds a dump of ``state_bytes`` per writer needs at ``speed`` bytes per second, with the margin."""
-    return state_bytes / max(speed, 1.0) * MARGIN + FIXED
+def estimate(state_bytes: int, speed: float, fixed: float = FIXED) -> float:
+    """Seconds a dump of ``state_bytes`` per writer needs at ``speed`` bytes per second, with the margin;
+    ``fixed``: the seconds it spends besides writing (none where the state is copied to host memory each step)."""
+    return state_bytes / max(speed, 1.0) * MARGIN + fixed
 
 
 def needed(found: Measured) -> float:
@@ -117,7 +119,7 @@ def worker_grace(env: Mapping[str, str]) -> tuple[float, str]:
 def warn_if_short(save_dir: str | None, env: Mapping[str, str]) -> str | None:
     """The line a worker says when its launcher's grace is shorter than the dump needs (None: it is not)."""
     found = measured(save_dir)
-    if found is None:
+    if found is None or GRACE_FOLLOWS_VAR in env:  # ft-plugins run raises the grace to the estimate
         return None
     grace, whose = worker_grace(env)
     if needed(found) <= grace:
@@ -127,22 +129,15 @@ def warn_if_short(save_dir: str | None, env: Mapping[str, str]) -> str | None:
 
 
 def save_dir_of(command: Sequence[str]) -> str | None:
-    """The ``--save`` directory a training command names (Megatron's argument), if any."""
-    for index, arg in enumerate(command):
-        if arg == "--save" and index + 1 < len(command):
-            return command[index + 1]
-        if arg.startswith("--save="):
-            return arg.split("=", 1)[1]
-    return None
+    """The ``--save`` directory a training command names (Megatron's argument, the last one given), if any."""
+    return option(command, "--save")
 
 
 def shutdown_given(command: Sequence[str], env: Mapping[str, str]) -> float | None:
     """The shutdown timeout a torchrun command sets itself (its flag, else its variable), if any."""
-    for index, arg in enumerate(command):
-        value = (command[index + 1] if arg in SHUTDOWN_FLAGS and index + 1 < len(command)
-                 else arg.split("=", 1)[1] if arg.startswith(tuple(f"{flag}=" for flag in SHUTDOWN_FLAGS)) else None)
-        if value is not None:
-            return _seconds(value)
+    given = [value for value in (option(command, flag) for flag in SHUTDOWN_FLAGS) if value is not None]
+    if given:
+        return _seconds(given[-1])
     return _seconds(env[SHUTDOWN_VAR]) if SHUTDOWN_VAR in env else None
 
 

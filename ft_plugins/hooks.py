@@ -150,6 +150,6 @@ def megatron_load_checkpoint(load_checkpoint: Callable[..., Any]) -> Callable[..
     feature = _running(Resume, "pt")
     if feature is None:
         return load_checkpoint
-    from ft_plugins.torch.resume import MegatronResume
+    from ft_plugins.torch.megatron.resume import MegatronResume
 
     return MegatronResume(feature).wrap_load(load_checkpoint)

@@ -1,7 +1,7 @@
 """In-place recovery's protocol on torchrun's store, shared by the launcher and the workers; framework-neutral.
 
 The launcher (:mod:`ft_plugins.launch.recover`) replaces a lost worker and announces a new recovery
-generation; the workers (:mod:`ft_plugins.torch.recover`) meet in it. Every key lives under
+generation; the workers (:mod:`ft_plugins.torch.megatron.recover`) meet in it. Every key lives under
 ``ft_plugins/recover/<run id>/`` on the store torchrun's agent hosts (it outlives every worker):
 
 | key | written by | meaning |

@@ -60,6 +60,18 @@ if [ "$(cat "$NEWER_TRANSFORMERS/.installed" 2>/dev/null)" != "$transformers_wan
   echo "$transformers_want" > "$NEWER_TRANSFORMERS/.installed"
   echo "installed transformers 5 in $NEWER_TRANSFORMERS"
 fi
+# The newest MindSpore beside the pinned 2.7.2 (never on sys.path unless a test puts it there): the MindSpore tests
+# of tests/mindspore/test_mindspore_newer.py run against it. Its dependencies are the pinned release's; the
+# MindFormers that asks for it (2.0) needs hyper-parallel, which no package registry holds.
+NEWER_MINDSPORE="$VENV/mindspore-2.10"
+if [ ! -f "$NEWER_MINDSPORE/.installed" ]; then
+  started=$SECONDS
+  rm -rf "$NEWER_MINDSPORE"
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --only-binary=:all: \
+    --target "$NEWER_MINDSPORE" mindspore==2.10.0
+  touch "$NEWER_MINDSPORE/.installed"
+  echo "installed mindspore 2.10.0 in $NEWER_MINDSPORE: $((SECONDS - started)) s"
+fi
 # The real MindCluster TaskD (its Python package and libtaskd.so), built offline from the vendored source
 # beside the repository; rebuilt only when that tarball or its build script changes. Never on sys.path:
 # under FT_PLUGINS=auto an importable taskd switches the taskd feature on everywhere, so only the tests

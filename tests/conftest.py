@@ -20,22 +20,26 @@ pytest_plugins = ("skips_fail_in_ci",)
 # run is made once (``scripts/test.sh`` runs two workers); every other module is a group of its own, its
 # module-scoped runs made once too.
 SHARING = {
-    "ttp-4-ranks": ("ttp/test_recover.py", "ttp/test_mindio_recover.py", "ttp/test_model_parallel.py",
-                    "ttp/test_hangs_4_ranks.py"),
-    "ttp-2-ranks": ("ttp/test_builtin_engine.py", "ttp/test_mindio_engine.py", "ttp/test_auto_restart.py",
-                    "ttp/test_one_decision.py", "ttp/test_recover_flags.py", "ttp/test_hangs.py"),
+    "megatron-4-ranks": ("torch_megatron/test_recover.py", "torch_megatron/test_mindio_recover.py",
+                         "torch_megatron/test_model_parallel.py", "torch_megatron/test_hangs_4_ranks.py"),
+    "megatron-2-ranks": ("torch_megatron/test_builtin_engine.py", "torch_megatron/test_mindio_engine.py",
+                         "torch_megatron/test_auto_restart.py", "torch_megatron/test_one_decision.py",
+                         "torch_megatron/test_recover_flags.py", "torch_megatron/test_hangs.py",
+                         "torch_megatron/test_dump_grace.py"),
     "hf-trainer": ("hf/test_trainer_ttp.py", "hf/test_trainer_runs.py", "hf/test_trainer_hooks.py"),
 }
 # The groups whose real multi-process runs take longest, longest first: they start first, so that the
 # run does not end with one of them running alone while the other worker idles.
 LONGEST_FIRST = (
-    "ttp-4-ranks", "hf-trainer", "ttp-2-ranks", "ttp/test_pipeline_recover.py", "ttp/test_mixed_precision_recover.py",
-    "ttp/test_replicated_dump.py", "ttp/test_torch_dist.py", "ttp/test_rampup_recover.py",
-    "ttp/test_moe_recover.py", "hf/test_transformers_5.py",
+    "megatron-4-ranks", "hf-trainer", "megatron-2-ranks", "torch_megatron/test_pipeline_recover.py",
+    "torch_megatron/test_mixed_precision_recover.py", "torch_megatron/test_replicated_dump.py",
+    "torch_megatron/test_torch_dist.py", "torch_megatron/test_rampup_recover.py", "torch_megatron/test_moe_recover.py",
+    "hf/test_transformers_5.py",
     "checkpoint/test_megatron.py",
-    "mindspore/test_msrun.py", "launch/test_real_taskd.py", "torch_plugin/test_replica_option.py",
+    "mindspore/test_msrun.py", "mindspore/test_mindspore_newer.py", "launch/test_real_taskd.py",
+    "torch_megatron/test_replica_option.py",
     "torch_plugin/test_replicated_zero.py", "patch/test_patched_runs.py", "hf/test_accelerate_runs.py",
-    "torch_plugin/test_megatron_runs.py",
+    "torch_megatron/test_megatron_runs.py",
 )
 _GROUP = {module: group for group, modules in SHARING.items() for module in modules}
 _TESTS = Path(__file__).resolve().parent
@@ -49,6 +53,9 @@ def pytest_configure(config: pytest.Config) -> None:
     start, run in a scratch directory (a ``python -c`` child would otherwise put the current directory, the
     tree, first on its path)."""
     sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != _TREE]
+    if missing := named_but_missing():
+        raise pytest.UsageError(f"tests/conftest.py names test modules that do not exist: {', '.join(missing)}: "
+                                "update SHARING and LONGEST_FIRST to where they moved")
     import ft_plugins
 
     where = Path(ft_plugins.__file__).resolve().parent
@@ -71,6 +78,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if scratch:
         os.chdir(config.invocation_params.dir)
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def named_but_missing() -> list[str]:
+    """The modules SHARING and LONGEST_FIRST name that are not there: a moved module would silently lose its
+    group (its reference run made twice) and its place in the order."""
+    named = [module for modules in SHARING.values() for module in modules]
+    named += [name for name in LONGEST_FIRST if name not in SHARING]
+    return [name for name in named if not (_TESTS / name).is_file()]
 
 
 def _group(path: str) -> str:

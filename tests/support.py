@@ -20,6 +20,7 @@ MEGATRON_EXAMPLE = REPO / "examples" / "megatron_gpt" / "pretrain_gpt.py"
 # megatron-core 0.19 beside the venv's 0.17 (scripts/setup.sh installs it); put first on PYTHONPATH to use it
 NEWER_MEGATRON = Path(sys.prefix) / "megatron-core-0.19"
 NEWER_TRANSFORMERS = Path(sys.prefix) / "transformers-5"  # scripts/requirements-transformers-5.txt
+NEWER_MINDSPORE = Path(sys.prefix) / "mindspore-2.10"
 
 
 def old_mindio(root: Path) -> None:

@@ -20,7 +20,8 @@ from typing import Any, Iterator
 
 from ft_plugins import faults
 from ft_plugins.cli import build_parser
-from ft_plugins.config import EVENTS_VAR, INJECT_VAR, LOG_LEVELS, LOG_VAR, PREFIX, SELECT_VAR, STRICT_VAR
+from ft_plugins.config import (EVENTS_JOB_VAR, EVENTS_VAR, INJECT_VAR, LOG_LEVELS, LOG_VAR, PREFIX, SELECT_VAR,
+                               STRICT_VAR)
 from ft_plugins.features import FEATURES
 from ft_plugins.vendors import versions
 
@@ -55,7 +56,10 @@ def options_markdown() -> str:
         (LOG_VAR, ", ".join(f"`{level}`" for level in LOG_LEVELS), "`info`"),
         (INJECT_VAR, fire, "unset"),
         (EVENTS_VAR, "the folder every process writes the job's events to, for `ft-plugins report`; `off`: none",
-         "`<--save>/ft_events`, else `<--output_dir>/ft_events`, else none"),
+         "`<--save>/ft_events`, else `<--output_dir>/ft_events`, else (MindSpore) beside the checkpoints, else none"),
+        (EVENTS_JOB_VAR, "the job's name in its events: the same in every launch of a job relaunched by hand or by a "
+         "cluster manager, so that the report reads them as one job",
+         "torchrun's `--rdzv-id`, else the launcher's pid"),
     ]
     lines = ["## Variables", "", "| variable | values | default |", "| --- | --- | --- |"]
     lines += [f"| `{name}` | {_cell(values)} | {default} |" for name, values, default in general]

@@ -129,7 +129,7 @@ def dying_gasp_act(workdir: Path, iters: int = 8, fault_step: int = 5) -> None:
     """A rank SIGKILLed as step ``fault_step + 1`` starts; the same command is then launched again,
     as a scheduler would (over torchrun's default static rendezvous, ``--max-restarts`` restarts fail to
     rebuild the gloo groups, ft_plugins or not; ``--standalone`` with a fresh store per attempt works, as
-    tests/ttp/test_auto_restart.py shows in one command)."""
+    tests/torch_megatron/test_auto_restart.py shows in one command)."""
     fault = f"rank=1,step={fault_step},kind=kill"
     print(f"\n== Run 4: FT_PLUGINS_INJECT_FAULT={fault!r} (rank 1 SIGKILLed after {fault_step} completed steps),"
           " periodic saves every 100 steps, then the same command again")

@@ -2,7 +2,7 @@
 
 A lost rank is replaced while the healthy processes keep running: torchrun's agent restarts only the
 failed worker (:mod:`ft_plugins.launch.recover`), the survivors rebuild the communication groups with
-it and hand it the state of the last completed step (:mod:`ft_plugins.torch.recover`); no checkpoint
+it and hand it the state of the last completed step (:mod:`ft_plugins.torch.megatron.recover`); no checkpoint
 is written or read. When recovery cannot work, ``ttp``'s dump and a whole-job restart follow, as
 without this feature. It changes how the launcher treats failures, so ``FT_PLUGINS=auto`` never turns
 it on: only its name or ``all`` does.

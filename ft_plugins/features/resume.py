@@ -1,7 +1,7 @@
 """``resume``: load the newest intact checkpoint, and commit each save with a manifest.
 
 Framework-neutral policy over :mod:`ft_plugins.checkpoint`; the framework glue
-(:mod:`ft_plugins.torch.resume`, the MindSpore callback) asks :meth:`Resume.choose` which
+(:mod:`ft_plugins.torch.megatron.resume`, the MindSpore callback) asks :meth:`Resume.choose` which
 checkpoint to load and calls :meth:`Resume.commit` once a save finished: on every rank for a
 checkpoint directory, on its own rank for a MindSpore per-rank file.
 

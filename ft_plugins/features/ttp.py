@@ -7,8 +7,8 @@ replica, ``sink_size``) where the training setup is known. Where ``MS_ENABLE_TFT
 TTP on, the built-in engine (:mod:`ft_plugins.mindspore.dump`) runs when ``ttp`` is asked for by name.
 
 On PyTorch there are two engines (option ``engine``): MindIO TTP where ``mindio_ttp`` is installed
-(wired as MindSpeed-LLM does it natively: :mod:`ft_plugins.torch.mindio`), and the built-in engine
-(:mod:`ft_plugins.torch.ttp`: dump on a fatal error or SIGTERM) elsewhere.
+(wired as MindSpeed-LLM does it natively: :mod:`ft_plugins.torch.megatron.mindio`), and the built-in engine
+(:mod:`ft_plugins.torch.megatron.ttp`: dump on a fatal error or SIGTERM) elsewhere.
 The built-in engine changes signal handling and exit codes, so ``FT_PLUGINS=auto`` never turns it
 on: it runs only when ``ttp`` is asked for by name or with ``all``. Where MindSpeed-LLM's native
 high availability or MindSpeed's own TTP is on, this feature steps aside.

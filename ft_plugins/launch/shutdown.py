@@ -5,7 +5,9 @@ Estimated from the write speed this job's own saves recorded in its ``--save`` d
 ``--shutdown-timeout``) overrides it. torchrun applies its shutdown timeout only when it is signalled:
 when a worker dies, the survivors are stopped with a fixed 30 s (torch's process context closes the
 others at the first failure, and its agent's ``_stop_workers`` again), so in the torchrun process
-:func:`install` makes every close of the workers' process context wait the grace.
+:func:`install` makes every close of the workers' process context wait the grace. A grace not given is
+estimated again at each close, from what the job's saves recorded since its start: a first launch has
+nothing measured, and its first periodic save is what the estimate then needs.
 """
 
 from __future__ import annotations
@@ -43,10 +45,13 @@ def plan(command: Sequence[str], env: Mapping[str, str], asked: float | None, ms
     changes = {estimates.GRACE_VAR: f"{seconds:g}"}
     if not msrun and given is None:
         changes[estimates.SHUTDOWN_VAR] = str(int(seconds))
+        if save_dir:
+            changes[estimates.GRACE_FOLLOWS_VAR] = save_dir
     if found is not None:
         what = estimates.describe(found)
     elif save_dir:
-        what = f"no write measured yet in {save_dir} (its first periodic save or dump records one)"
+        what = (f"no write measured yet in {save_dir} (its first periodic save or dump records one"
+                f"{'' if msrun or given is not None else ', and raises the grace to what it needs'})")
     else:
         what = "no --save directory in the command: no write measured"
     line = f"dying gasp: {what}; the workers get {seconds:g} s after SIGTERM before SIGKILL"
@@ -69,17 +74,25 @@ def install(env: Mapping[str, str] | None = None) -> bool:
         import wrapt
 
         context = importlib.import_module(PROCESSES).PContext
-        context.close = wrapt.FunctionWrapper(context.close, _waiting(seconds))
+        context.close = wrapt.FunctionWrapper(context.close, _waiting(seconds, env.get(estimates.GRACE_FOLLOWS_VAR)))
     except Exception as exc:
         log.warning("torchrun's agent keeps its own shutdown timeout (%s: %s)", type(exc).__name__, exc)
         return False
     return True
 
 
-def _waiting(seconds: float) -> Callable[..., Any]:
+def _waiting(planned: float, follows: str | None) -> Callable[..., Any]:
+    said = [planned]
+
     def close(wrapped: Callable[..., Any], _context: Any, args: tuple, kwargs: dict) -> Any:
         death_sig = kwargs.pop("death_sig", args[0] if args else None)
         extra = {} if death_sig is None else {"death_sig": death_sig}
+        found = estimates.measured(follows)
+        seconds = estimates.grace_for(found, planned)
+        if found is not None and seconds != said[-1]:  # a grace not planned at the start: said when it changes
+            said.append(seconds)
+            log.warning("dying gasp: %s; the workers get %g s after SIGTERM before SIGKILL",
+                        estimates.describe(found), seconds)
         return wrapped(**extra, timeout=seconds)
 
     return close

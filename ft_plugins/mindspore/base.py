@@ -10,7 +10,8 @@ from typing import Any, Callable, Mapping
 from ft_plugins.rank import global_rank
 from ft_plugins.runtime import Runtime, activate
 
-__all__ = ["FRAMEWORK", "before_step_ends", "checkpoint_callback", "global_rank", "runtime_for", "save_root"]
+__all__ = ["FRAMEWORK", "before_step_ends", "checkpoint_callback", "global_rank", "on_instance", "runtime_for",
+           "save_root"]
 
 FRAMEWORK = "ms"
 STEP_END = "on_train_step_end"
@@ -51,28 +52,37 @@ def before_step_ends(cb_params: Any, hook: Callable[[Any], None]) -> Callable[[]
     if not callbacks:
         return lambda: None
     first = callbacks[0]
-    own = vars(first).get(STEP_END) if hasattr(first, "__dict__") else None
     step_end = getattr(first, STEP_END)
     name = getattr(hook, "__qualname__", repr(hook))
-
-    def undo() -> None:
-        if vars(first).get(STEP_END) is hooked:
-            if own is None:
-                del vars(first)[STEP_END]
-            else:
-                setattr(first, STEP_END, own)
+    undo: list[Callable[[], None]] = []
 
     def hooked(run_context: Any) -> None:
         try:
             hook(run_context.original_args())
         except Exception as exc:  # never into training; the callback's own step end still runs
             log.warning("%s before the step ends failed, taken off: %s: %s", name, type(exc).__name__, exc)
-            undo()
+            undo[0]()
         step_end(run_context)
 
     try:
-        setattr(first, STEP_END, hooked)
+        undo.append(on_instance(first, STEP_END, hooked))
     except (AttributeError, TypeError) as exc:  # a callback with __slots__
         log.info("%s cannot run before the step ends (%s): it runs at ft_plugins' own step end", name, exc)
         return lambda: None
+    return undo[0]
+
+
+def on_instance(target: Any, name: str, replacement: Callable[..., Any]) -> Callable[[], None]:
+    """Make ``replacement`` ``target``'s own attribute ``name`` (its class untouched); returns the undo, which puts
+    back what was there unless something replaced it since."""
+    own = vars(target).get(name) if hasattr(target, "__dict__") else None
+    setattr(target, name, replacement)
+
+    def undo() -> None:
+        if vars(target).get(name) is replacement:
+            if own is None:
+                del vars(target)[name]
+            else:
+                setattr(target, name, own)
+
     return undo

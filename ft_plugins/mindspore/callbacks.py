@@ -1,7 +1,8 @@
 """MindSpore ``Callback``s: thin event adapters over the framework-neutral features.
 
 ``FaultTolerance`` is the one entry (plain ``Model.train`` or a MindFormers YAML ``callbacks:``
-item); it is made of the single-feature callbacks (one module each), which can also be used alone.
+item); it is made of the single-feature callbacks (one module each), which can also be used alone, and
+records the job's events (:mod:`.recording`) for ``ft-plugins report``.
 Every check that can refuse a feature runs before the first step: in strict mode it stops training
 there, otherwise the feature is switched off with one warning and training proceeds.
 """
@@ -16,13 +17,14 @@ from mindspore.train import Callback, RunContext
 from ft_plugins.config import STRICT_VAR
 from ft_plugins.mindspore.base import FRAMEWORK, global_rank
 from ft_plugins.mindspore.mstx import StepRangesCallback
+from ft_plugins.mindspore.recording import EventsCallback
 from ft_plugins.mindspore.resume import ResumeCallback, SaveCommitter
 from ft_plugins.mindspore.taskd import TaskdWorkerCallback
 from ft_plugins.mindspore.ttp import TtpCallback, replica_problem
 from ft_plugins.runtime import activate
 
-__all__ = ["FaultTolerance", "ResumeCallback", "SaveCommitter", "StepRangesCallback", "TaskdWorkerCallback",
-           "TtpCallback", "global_rank", "replica_problem"]
+__all__ = ["EventsCallback", "FaultTolerance", "ResumeCallback", "SaveCommitter", "StepRangesCallback",
+           "TaskdWorkerCallback", "TtpCallback", "global_rank", "replica_problem"]
 
 
 class FaultTolerance(Callback):
@@ -44,7 +46,7 @@ class FaultTolerance(Callback):
         super().__init__()
         env = None if strict is None else {**os.environ, STRICT_VAR: "1" if strict else "0"}
         self.runtime = activate(FRAMEWORK, features=features, options=options, env=env)
-        parts: list[Callback] = []
+        parts: list[Callback] = [EventsCallback(resume_dir)]  # first: its record holds what resume chooses
         if self.runtime.feature("resume") is not None:
             self.resume: ResumeCallback | None = ResumeCallback(resume_dir, resume_format, runtime=self.runtime)
             parts.append(self.resume)

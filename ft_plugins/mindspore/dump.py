@@ -21,7 +21,8 @@ rename, then committed with its manifest, so resume takes it like any save. Data
 replica per rank, so one survivor can write every rank's file: each file is claimed first
 (``O_EXCL``), so every file has one writer. A file already there (a regular save of that step) is
 left alone. Layouts without a replica of every rank (model or optimizer parallel, sink size > 1) are
-refused before the first step by :class:`ft_plugins.mindspore.ttp.TtpCallback`.
+refused before the first step by :class:`ft_plugins.mindspore.ttp.TtpCallback`. Each dump's write, and each
+regular save's, is recorded for the estimate of its time against msrun's (:mod:`.speed`).
 """
 
 from __future__ import annotations
@@ -35,12 +36,14 @@ import statistics
 import threading
 import time
 from collections import deque
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from ft_plugins.features.resume import Resume
 from ft_plugins.features.ttp import Ttp
 from ft_plugins.logs import exit_now
+from ft_plugins.mindspore import recording
 from ft_plugins.mindspore.base import checkpoint_callback, global_rank, save_root
+from ft_plugins.mindspore.speed import WriteSpeed
 from ft_plugins.rank import is_rank_zero
 from ft_plugins.processes import alive, all_pids, status
 from ft_plugins.runtime import Runtime
@@ -84,15 +87,21 @@ class DumpEngine:
         self.step_started: float | None = None  # monotonic time the running step began; None between steps
         self.durations: deque[float] = deque(maxlen=20)
         self.peers: list[int] = []
+        self.peer_ranks: dict[int, int | None] = {}
         self.written: set[tuple[int, int]] = set()  # (step, rank) of the files this process tried to write
         self.lock = threading.Lock()
         self.stopped = threading.Event()
         self.copy_seconds = 0.0
+        self.speed: WriteSpeed | None = None
+        self.untime: Callable[[], None] = lambda: None
 
     # -- the training thread ----------------------------------------------------------------------
     def begin(self, cb_params: Any) -> None:
         self.target = self._target(cb_params)
+        self.speed = WriteSpeed(save_root(self.target.directory))
+        self.untime = self.speed.timed_saves(checkpoint_callback(cb_params))
         self.peers = _local_peers()
+        self.peer_ranks = recording.peer_ranks(self.peers)
         if threading.current_thread() is threading.main_thread():
             # a thread woken by SIGTERM acts, whatever collective the main thread is blocked in
             watch_signal(signal.SIGTERM, self._on_sigterm, "ft_plugins-ttp-sigterm")
@@ -113,6 +122,9 @@ class DumpEngine:
         step = cb_params.cur_step_num
         self.snapshot = Snapshot(cb_params.cur_epoch_num, step, (step - 1) % cb_params.batch_num + 1, parameters)
         self.copy_seconds += time.perf_counter() - started
+        if self.speed is not None and self.target is not None:  # what a dump of it would write: every rank's file
+            files = self.target.ranks if self.target.per_rank else 1
+            self.speed.warn(files * sum(array.nbytes for _, array in parameters))
 
     def step_end(self, cb_params: Any) -> None:
         """The step's time; its copy too where no hook took it before the step ends."""
@@ -126,6 +138,7 @@ class DumpEngine:
 
     def end(self) -> None:
         self.stopped.set()
+        self.untime()
 
     # -- the watcher ------------------------------------------------------------------------------
     def _watch(self) -> None:
@@ -141,10 +154,12 @@ class DumpEngine:
                 if lost:
                     lost_at, self.peers = now, [pid for pid in self.peers if pid not in lost]
                     reason = f"worker process {', '.join(map(str, lost))} of this node exited"
+                    recording.peers_lost([self.peer_ranks.get(pid) for pid in lost])
                     if snapshot is not None:  # at once: msrun's SIGKILL may come at its next poll, any moment
                         self.dump_safely(reason)
                         written = snapshot.step
                 elif started is not None and self.durations and now - started > self._stall():
+                    recording.noticed(f"the step has run for over {self._stall():.1f} s", "hang")
                     self.dump_safely(f"the step has run for over {self._stall():.1f} s")
                     self.step_started = None  # once per stall
             elif snapshot is not None and snapshot.step > written and (
@@ -165,6 +180,7 @@ class DumpEngine:
             log.warning("ttp: %s, but the dying-gasp checkpoint failed: %s: %s", reason, type(exc).__name__, exc)
 
     def _on_sigterm(self) -> None:
+        recording.noticed("SIGTERM", "signal")
         self.dump_safely("SIGTERM")
         exit_now(EXIT_ON_SIGTERM)
 
@@ -180,8 +196,12 @@ class DumpEngine:
             ranks = range(target.ranks) if target.per_rank else [None]
             written = [path for rank in ranks if (path := self._write(snapshot, target, rank)) is not None]
         if written:
+            seconds = time.monotonic() - started
+            if self.speed is not None:
+                self.speed.record(sum(map(os.path.getsize, written)), seconds, f"dump of step {snapshot.step}")
+            recording.dumped(snapshot.step, seconds)
             log.warning("ttp: %s: dying-gasp checkpoint of step %d written in %.3f s: %s", reason, snapshot.step,
-                        time.monotonic() - started, ", ".join(written))
+                        seconds, ", ".join(written))
         else:
             log.warning("ttp: %s: step %d already written (by a regular save or another survivor)", reason,
                         snapshot.step)

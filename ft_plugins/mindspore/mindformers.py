@@ -92,6 +92,9 @@ def choose(config: Any, feature: Resume) -> None:
         root, named = save_root(os.path.dirname(load)), load
     else:
         return  # MindFormers reports a missing path itself
+    from ft_plugins.mindspore.recording import begin
+
+    begin(root)  # before the choice, which the record holds
     if named is not None and os.path.isfile(named):
         verdict = verify(named, deep=feature.settings["deep"])
         if verdict.intact:

@@ -6,9 +6,10 @@ again (a step this rank had completed before); a step (from the end of the rank'
 work between steps counts); start-up (to the job's first step); else ``other`` (e.g. what follows the last step).
 
 A fault is the cluster of what saw it: the fire drill's shot, the launcher's notice of a death, the watchdog's of a
-hang, a dying gasp (SIGTERM, an exception), a survivor catching it. Its rank and kind come from the most direct
-witness in that order; it ends when every rank trains again: each one repaired in place (one recovery generation),
-or each process of the restarted job at its first step.
+hang, a survivor's of a peer's exit (MindSpore's built-in dump), a dying gasp (SIGTERM, an exception), a survivor
+catching it. Its rank and kind come from the most direct witness in that order; it ends when every rank trains again:
+each one repaired in place (one recovery generation), or each process of the restarted job (torchrun's next attempt, or
+a launch by another launcher: msrun started again) at its first step.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ DETECTION, DUMP, RESTART, IN_PLACE = "fault detection", "dump", "restart and rel
 SAVES, RECOMPUTED, STARTUP, TRAINING, OTHER = "checkpoint saves", "steps recomputed", "start-up", "training", "other"
 PRIORITY = (DETECTION, DUMP, RESTART, IN_PLACE, SAVES, RECOMPUTED, TRAINING, STARTUP)  # first wins
 BADPUT = (STARTUP, SAVES, DETECTION, DUMP, RESTART, IN_PLACE, RECOMPUTED)
-WITNESSES = ("injected", "watchdog", "launcher", "gasp", "caught")  # the most direct first
+WITNESSES = ("injected", "watchdog", "launcher", "peer", "gasp", "caught")  # the most direct first
+NAMING = ("injected", "watchdog", "launcher", "peer")  # the witnesses that name the rank at fault
 
 
 @dataclass
@@ -146,16 +148,17 @@ def _again(record: Record, began: float, end: float) -> tuple[float | None, Any]
     ``("restart", first step)``; (None, None) when the job never did."""
     repaired = sorted(((event, process) for process in record.processes for event in process.of("recovered")
                        if event["t"] > began), key=lambda pair: pair[0]["t"])
+    before = {process.run for process in record.processes if process.start <= began}
     restarted = [process for process in record.processes if process.start > began and process.of("step")
-                 and process.role == "worker" and process.attempt > 0]
+                 and process.role == "worker" and process.generation == 0 and process.run not in before]
     first_restart = min((process.start for process in restarted), default=None)
     if repaired and (first_restart is None or repaired[0][0]["t"] < first_restart):
         which = (repaired[0][1].attempt, repaired[0][0].get("generation"))
         same = [event for event, process in repaired if (process.attempt, event.get("generation")) == which]
         return max(event["t"] for event in same), ("in place", max(event.get("step", 0) for event in same))
     if restarted:
-        attempt = min(process.attempt for process in restarted)
-        firsts = [process.of("step")[0] for process in restarted if process.attempt == attempt]
+        run = min(restarted, key=lambda process: process.start).run
+        firsts = [process.of("step")[0] for process in restarted if process.run == run]
         return max(event["t"] for event in firsts), ("restart", min(event["step"] for event in firsts) - 1)
     return None, None
 
@@ -165,7 +168,7 @@ def _fault(record: Record, cluster: list, steps: list, spans: list, end: float) 
     event, process = primary
     began = min(_began(pair) for pair in cluster)
     witness = _witness(event)
-    rank = event.get("rank") if witness in ("injected", "watchdog", "launcher") else process.rank
+    rank = event.get("rank") if witness in NAMING else process.rank
     kind = event.get("kind") or "death"
     noticed = min((pair[0]["t"] for pair in cluster if _witness(pair[0]) != "injected"), default=began)
     again, met = _again(record, began, end)

@@ -37,6 +37,13 @@ class Process:
     attempt: int
     start: float
     events: list[dict[str, Any]] = field(default_factory=list)
+    launch: str = ""  # the launcher that started it (host and parent pid): msrun relaunched is another one
+    generation: int = 0  # > 0: a lost rank's replacement, started by the recovery of that generation
+
+    @property
+    def run(self) -> tuple[int, str]:
+        """Which start of the job it belongs to: a restart attempt of one launcher, or another launch."""
+        return self.attempt, self.launch
 
     def of(self, *kinds: str) -> list[dict[str, Any]]:
         return [event for event in self.events if event["ev"] in kinds]
@@ -117,7 +124,9 @@ def _read_file(path: str, notes: list[str]) -> Process | None:
     head = events[0]
     events.sort(key=lambda event: event["t"])
     return Process(path, str(head.get("job")), str(head.get("role", "worker")), head.get("rank"),
-                   str(head.get("host", "")), int(head.get("attempt", 0) or 0), head["t"], events)
+                   str(head.get("host", "")), int(head.get("attempt", 0) or 0), head["t"], events,
+                   f"{head.get('host', '')}/{head['parent']}" if "parent" in head else "",
+                   int(head.get("generation", 0) or 0))
 
 
 def one_clock(record: Record) -> None:

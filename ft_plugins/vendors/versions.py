@@ -59,7 +59,7 @@ SUPPORTED = (
               "Megatron / MindSpeed-LLM hooks (megatron.training)"),
     Framework("transformers", TRANSFORMERS, "5", ("4.57.1", "5.24.0"), "Hugging Face Trainer hooks"),
     Framework("accelerate", ACCELERATE, "1", ("1.15.0",), "Accelerate hooks"),
-    Framework("mindspore", MINDSPORE, "2.7", ("2.7.2",), "MindSpore jobs (TTP, link failover)"),
+    Framework("mindspore", MINDSPORE, "2.10", ("2.7.2", "2.10.0"), "MindSpore jobs (TTP, link failover)"),
     Framework("mindformers", MINDFORMERS, "1.8", ("1.8.0",), "MindFormers callbacks and resume guard"),
     Framework("torch_npu", TORCH_NPU_MSTX, None, (), "mstx ranges on Ascend (torch_npu.npu.mstx)"),
     Framework("mindio_ttp", MINDIO_LINK_FAILOVER, None, (),

@@ -156,7 +156,7 @@ def test_the_wait_for_a_batch_is_reported_as_data_loading(tmp_path: Path) -> Non
     code = ("import sys\n"
             "from ft_plugins import progress\n"
             "progress.start(0, {'FT_PLUGINS_PROGRESS': sys.argv[1]})\n"
-            "from ft_plugins.torch.hangs import _DataReported\n"
+            "from ft_plugins.torch.megatron.hangs import _DataReported\n"
             "class Batches:\n"
             "    def __next__(self):\n"
             "        return progress.read(sys.argv[1], 0).section_name\n"

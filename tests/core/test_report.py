@@ -1,5 +1,5 @@
 """``ft-plugins report`` on events written here by hand (no process started): the goodput arithmetic, each fault's
-row, and the reader's one-line refusals and notes on bad input. Real jobs' reports: tests/ttp (the in-place
+row, and the reader's one-line refusals and notes on bad input. Real jobs' reports: tests/torch_megatron (the in-place
 recoveries of test_replicated_dump.py, the dump + restart of test_recover_flags.py and test_auto_restart.py)."""
 
 from __future__ import annotations
@@ -90,6 +90,23 @@ def test_dump_and_restart_counts_the_dump_the_restart_and_the_steps_trained_agai
     assert report.badput[RESTART] == near(8.0 - 5.6)
     assert report.badput["steps recomputed"] == near(1.0)
     assert report.productive == near(3.0 + 2.0)
+
+
+def test_msrun_started_again_is_a_restart_and_a_survivor_names_the_lost_peer(tmp_path: Path) -> None:
+    """msrun has no restart attempts: rank 1 dies after step 3 at 5.1 s, rank 0 sees its process exit at 5.2 s and
+    dumps step 3 by 5.5 s; msrun started again (another launcher: attempt 0 again) trains from step 4 at 9 s. A
+    worker of the first launch starting late is no restart."""
+    first, second = {"parent": 100, "host": "n0"}, {"parent": 200, "host": "n0"}
+    write(tmp_path, "rank0", {"rank": 0, **first}, *steps(1, 3, 2.0),
+          {"t": 5.2, "ev": "fault", "rank": 1, "kind": "death", "noticed": "peer"},
+          {"t": 5.5, "ev": "dump", "step": 3, "seconds": 0.3})
+    write(tmp_path, "rank1", {"rank": 1, **first}, *steps(1, 3, 2.0))
+    write(tmp_path, "rank1-late", {"rank": 1, "at": 5.3, **first}, *steps(9, 9, 5.4))
+    for rank in (0, 1):
+        write(tmp_path, f"rank{rank}-again", {"rank": rank, "at": 7.0, **second}, *steps(4, 5, 9.0))
+    [fault] = analyse(read(str(tmp_path))).faults
+    assert (fault.rank, fault.kind, fault.how, fault.steps_lost) == (1, "death", "dump + restart", 0)
+    assert fault.to_training == near(9.0 - 5.2)
 
 
 def test_a_hang_begins_when_the_rank_went_quiet(tmp_path: Path) -> None:

@@ -22,8 +22,10 @@ def mark(message, stream=None, domain="default"):
 
 
 def range_start(message, stream=None, domain="default"):
+    """Records the opening module too (``caller``), so tests tell MindSpore's own ranges from ft_plugins'."""
     range_id = next(_ids)
-    record("mstx.range_start", message, _stream_name(stream), domain=domain, id=range_id)
+    caller = sys._getframe(1).f_globals.get("__name__", "?")
+    record("mstx.range_start", message, _stream_name(stream), domain=domain, id=range_id, caller=caller)
     return range_id
 
 

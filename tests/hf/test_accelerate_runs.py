@@ -2,7 +2,7 @@
 ``total_limit=1``): a job whose rank 0 is killed inside ``save_state`` keeps the previous checkpoint, and the
 next 2-rank job loads it and saves; stock Accelerate deletes the previous checkpoint before it writes the new
 one, and the same kill leaves nothing for the next ``load_state()``. A finished job drains its gloo collectives
-and destroys its process group at exit."""
+and destroys its process group at exit. ``ft-plugins report`` reads the three launches with ft_plugins as one job."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from hf_runs import FT_PLUGINS
 
-from support import TORCHRUN, free_port
+from support import PYTHON, TORCHRUN, free_port
 
 from ft_plugins.checkpoint import verify
 
@@ -26,7 +26,9 @@ def _job(project: Path, *args: str, ft: bool, fault: str = "") -> subprocess.Com
     """One 2-rank launch of the job; output (stdout and stderr together) on stdout."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "FT_FAKE", "TORCHELASTIC"))}
     env = {**clean, "FT_PLUGINS": "resume" if ft else "none",
-           **({"FT_PLUGINS_INJECT_FAULT": fault} if fault else {})}
+           **({"FT_PLUGINS_INJECT_FAULT": fault} if fault else {}),
+           # the events beside the checkpoints, copied with them; the launches with ft_plugins: one job, relaunched
+           "FT_PLUGINS_EVENTS_DIR": str(project / "ft_events"), "FT_PLUGINS_EVENTS_JOB": "accelerate-relaunched"}
     command = [FT_PLUGINS, "run", "--", TORCHRUN, "--nproc-per-node", "2", "--master-port", str(free_port()),
                str(JOB), str(project), *args]
     return subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
@@ -71,3 +73,13 @@ def test_a_rank_killed_inside_save_state_keeps_the_previous_checkpoint(tmp_path:
                 if f"skipped {ft / 'checkpoints' / 'checkpoint_1'}" in line]) == 1  # rank 0 decides for both
     assert _equal(ft / "loaded.pt", tmp_path / "saved.pt")
     assert sorted(os.listdir(ft / "checkpoints")) == ["checkpoint_2"] and verify(ft / "checkpoints" / "checkpoint_2").intact
+    # the report of the three launches: rank 0's death inside save_state, met by the relaunch, which trains again
+    # the 2 steps whose save was lost (Accelerate numbers no steps: each launch counts its updates from 1)
+    found = subprocess.run([PYTHON, "-m", "ft_plugins.cli", "report", str(ft), "--json"], capture_output=True,
+                           text=True, timeout=120)
+    assert found.returncode == 0, found.stderr[-2000:]
+    report = json.loads(found.stdout)
+    assert [(fault["rank"], fault["kind"], fault["how"], fault["steps_lost"], fault["steps_recomputed"])
+            for fault in report["faults"]] == [(0, "death", "restart", 2, 2)], report
+    assert 0 < report["faults"][0]["to_training"] < report["wall"], report
+    assert report["badput"]["checkpoint saves"] > 0 and 0 < report["goodput_percent"] < 100, report

@@ -61,7 +61,7 @@ def test_run_plans_the_grace_the_dump_needs(tmp_path: Path) -> None:
     command = [TORCHRUN, "--nproc-per-node", "8", "pretrain_gpt.py", "--save", str(save)]
     planned = shutdown.plan(command, {}, None, msrun=False)
     assert planned.seconds == 65.0 and planned.warning is None
-    assert planned.changes == {grace.GRACE_VAR: "65", grace.SHUTDOWN_VAR: "65"}
+    assert planned.changes == {grace.GRACE_VAR: "65", grace.SHUTDOWN_VAR: "65", grace.GRACE_FOLLOWS_VAR: str(save)}
     assert planned.line == ("dying gasp: a dump needs about 65 s (17.00 GB by its largest writer at 425 MB/s, measured "
                             "on the save of iteration 100); the workers get 65 s after SIGTERM before SIGKILL")
     given = shutdown.plan([*command, "--shutdown-timeout", "40"], {}, None, msrun=False)
@@ -70,6 +70,41 @@ def test_run_plans_the_grace_the_dump_needs(tmp_path: Path) -> None:
     assert shutdown.plan(command, {}, 90.0, msrun=False).seconds == 90.0
     unmeasured = shutdown.plan([TORCHRUN, "train.py", f"--save={tmp_path / 'new'}"], {}, None, msrun=False)
     assert unmeasured.seconds == grace.TORCHRUN_GRACE and "no write measured yet in" in unmeasured.line
+    assert "raises the grace to what it needs" in unmeasured.line
+
+
+def test_a_grace_not_given_follows_the_writes_the_job_records_after_its_start(tmp_path: Path,
+                                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """The torchrun process's close of the workers: the planned grace until a save records a slower write, then
+    what that write needs (said once); a given grace (no directory to follow) stays as given; a worker of such a
+    job never warns (its grace follows the estimate)."""
+    closes: list[float] = []
+
+    def close(death_sig: object = None, timeout: float = 30) -> None:
+        closes.append(timeout)
+
+    save = tmp_path / "ckpt"
+    following = shutdown._waiting(30.0, str(save))  # noqa: SLF001
+    following(close, None, (), {})
+    _recorded(save, SLOW)
+    with caplog.at_level("WARNING", logger="ft_plugins.launch"):
+        following(close, None, (), {"death_sig": 15})
+        following(close, None, (), {})
+    shutdown._waiting(30.0, None)(close, None, (), {})  # noqa: SLF001
+    assert closes == [30.0, 65.0, 65.0, 30.0]
+    assert [record.getMessage() for record in caplog.records] == [
+        f"dying gasp: {grace.describe(SLOW)}; the workers get 65 s after SIGTERM before SIGKILL"]
+    assert grace.warn_if_short(str(save), {grace.GRACE_VAR: "30", grace.GRACE_FOLLOWS_VAR: str(save)}) is None
+    assert "longer than ft-plugins run's grace of 30 s" in grace.warn_if_short(str(save), {grace.GRACE_VAR: "30"})
+
+
+def test_the_command_line_is_read_as_argparse_reads_it() -> None:
+    """The last ``--save`` and the last shutdown flag win, in either spelling, as with argparse."""
+    command = [TORCHRUN, "--shutdown_timeout=12", "train.py", "--save", "/a", "--save=/b"]
+    assert grace.save_dir_of(command) == "/b"
+    assert grace.shutdown_given(command, {grace.SHUTDOWN_VAR: "50"}) == 12.0
+    assert grace.shutdown_given([TORCHRUN, "train.py"], {grace.SHUTDOWN_VAR: "50"}) == 50.0
+    assert grace.shutdown_given([TORCHRUN, "--shutdown-timeout", "soon"], {}) is None
 
 
 def test_run_says_the_grace_at_start_and_hands_it_to_torchrun(tmp_path: Path) -> None:

@@ -174,3 +174,52 @@ def test_a_step_is_completed_before_any_callback_step_end_runs(no_tft: Any, tiny
     steps = list(range(1, 2 * tiny.STEPS_PER_EPOCH + 1))
     assert slow.seen == [(step, step, True) for step in steps]
     assert "on_train_step_end" not in vars(slow.first)
+
+
+@pytest.mark.parametrize("slow", [0.8, 0.0])
+def test_rank_0_says_once_when_a_dump_at_the_saves_speed_would_outlast_msruns_second(
+        no_tft: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        slow: float) -> None:
+    """msrun SIGKILLs every worker within a second of one's death. Each ModelCheckpoint save is recorded
+    (``ft_write_speed.json``); slowed by 0.8 s (a slow file system), a dump of the same state at that speed needs
+    about 1.2 s, and rank 0 says so once; at full speed nothing is said."""
+    import mindspore
+    import mindspore.dataset as ds
+    import mindspore.train.callback._checkpoint as checkpointing
+    from mindspore import nn
+    from mindspore.train import CheckpointConfig, Model, ModelCheckpoint
+
+    from ft_plugins import grace
+    from ft_plugins.mindspore import FaultTolerance, speed
+
+    real = checkpointing.save_checkpoint
+
+    def slowed(*args: Any, **kwargs: Any) -> None:
+        real(*args, **kwargs)
+        time.sleep(slow)
+
+    monkeypatch.setattr(checkpointing, "save_checkpoint", slowed)
+    monkeypatch.setattr(speed, "under_msrun", lambda: True)
+    mindspore.set_seed(1)
+    network = nn.Dense(256, 256)  # 0.5 MB of weights and momentum: a write, not a file's fixed overhead
+    model = Model(network, loss_fn=nn.MSELoss(),
+                  optimizer=nn.Momentum(network.trainable_params(), learning_rate=0.01, momentum=0.9))
+    data = np.random.default_rng(0).standard_normal((8, 256)).astype(np.float32)
+    checkpoint = ModelCheckpoint("wide", str(tmp_path), CheckpointConfig(save_checkpoint_steps=2))
+    caplog.set_level(logging.WARNING, logger="ft_plugins")
+    model.train(1, ds.NumpySlicesDataset({"data": data, "label": data}, shuffle=False).batch(2),
+                callbacks=[FaultTolerance(features="ttp"), checkpoint])
+    measured = grace.measured(str(tmp_path))
+    assert measured.what == "save wide-1_4.ckpt"
+    assert measured.written == (tmp_path / "wide-1_4.ckpt").stat().st_size
+    said = [record.getMessage() for record in caplog.records if "longer than msrun's grace" in record.getMessage()]
+    assert len(said) == (1 if slow else 0), said
+    if slow:
+        assert said[0].startswith("ttp: a dump needs about 1.") and "measured on the save wide-1_2.ckpt" in said[0]
+    assert "on_train_step_end" not in vars(checkpoint), "the timing comes off after training"
+
+
+def test_under_msrun_is_said_of_a_worker_whose_parent_is_msrun_only() -> None:
+    from ft_plugins.mindspore import speed
+
+    assert not speed.under_msrun()  # the test runner's parent is no msrun

@@ -59,9 +59,14 @@ def workdir(fakes: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def first_run(workdir: Path, fakes: Any, tiny: Any) -> dict[str, Any]:
+    from ft_plugins import events
+
     fakes.clear()
-    callbacks = _callbacks(workdir)
-    tiny.model().train(2, tiny.dataset(), callbacks=callbacks)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(events, "_recorder", None)  # this run's record begins as a worker's would
+        callbacks = _callbacks(workdir)
+        tiny.model().train(2, tiny.dataset(), callbacks=callbacks)
+        events.flush()
     return {"calls": fakes.calls(), "callbacks": callbacks}
 
 
@@ -80,6 +85,24 @@ def test_taskd_and_ranges_in_mindformers_run(first_run: dict[str, Any], workdir:
     assert _step_ranges(calls) == [f"step {n}" for n in range(1, 9)]
     assert sorted(os.listdir(workdir / "output" / "checkpoint" / "rank_0")) == [
         "ft_manifest-tiny_rank_0-1_4.json", "ft_manifest-tiny_rank_0-2_4.json", "meta.json", "tiny_rank_0-1_4.ckpt", "tiny_rank_0-2_4.ckpt"]
+
+
+def test_the_run_records_its_steps_and_checkpoint_monitors_saves_beside_the_checkpoints(
+        first_run: dict[str, Any], workdir: Path) -> None:
+    """No events folder named: the record goes beside MindFormers' checkpoints, dated from the process's start; each
+    save of CheckpointMonitor with its step and this rank's bytes."""
+    import json
+
+    save = workdir / "output" / "checkpoint"
+    [path] = (save / "ft_events").glob("*.jsonl")
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines[0]["ev"] == "start" and lines[0]["t"] < lines[1]["t"]
+    assert [line["step"] for line in lines if line["ev"] == "step"] == list(range(1, 9))
+    saves = [(line["ev"], line["step"], line.get("bytes")) for line in lines if line["ev"].startswith("save_")]
+    sizes = {step: (save / "rank_0" / f"tiny_rank_0-{step // 4}_4.ckpt").stat().st_size for step in (4, 8)}
+    assert saves == [("save_start", 4, None), ("save_end", 4, sizes[4]), ("save_start", 8, None),
+                     ("save_end", 8, sizes[8])]
+    assert [line["ev"] for line in lines if line["ev"] in ("setup_done", "trained")] == ["setup_done", "trained"]
 
 
 def test_checkpoint_monitor_saves_committed_and_an_uncommitted_one_skipped(first_run: dict[str, Any],

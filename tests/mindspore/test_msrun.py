@@ -9,13 +9,17 @@ crashed (MindSpore alone, rank 1 killed after step 14) · dumped (the same with 
 preempted (relaunched with the recipe under ``ft-plugins run``, ``FaultTolerance`` listed after the slow step
 log, SIGTERM to it after step 19) ·
 finished (relaunched again, to the end).
+The three launches with ft_plugins are one job by its name (``FT_PLUGINS_EVENTS_JOB``): their events, beside the
+checkpoints, are copied with them from launch to launch, and ``ft-plugins report`` reads the whole chain.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -30,6 +34,7 @@ KILLED_AFTER = 14  # two steps after the save of step 12
 STOPPED_AFTER, NEXT_SAVE = 19, 22
 GRACE = 20
 FT_RUN = (PYTHON, "-m", "ft_plugins.cli", "run", "--grace", str(GRACE), "--")
+JOB = {"FT_PLUGINS_EVENTS_JOB": "msrun-chain"}  # the launches with ft_plugins: one job, relaunched
 
 
 def _copy(root: Path, target: Path) -> Path:
@@ -75,7 +80,7 @@ def crashed(tmp_path_factory: pytest.TempPathFactory) -> Job:
 def dumped(tmp_path_factory: pytest.TempPathFactory) -> Job:
     """The crash with the documented recipe and ``FT_PLUGINS=ttp,resume`` (the built-in engine: no MindIO here)."""
     job = msrun_jobs.run(tmp_path_factory.mktemp("dumped"), "recipe",
-                         job_env(FT_PLUGINS="ttp,resume", FT_TEST_KILL=f"1,{KILLED_AFTER}"), faulted=True)
+                         job_env(FT_PLUGINS="ttp,resume", FT_TEST_KILL=f"1,{KILLED_AFTER}", **JOB), faulted=True)
     assert job.returncode != 0 and job.steps(1)[-1] == KILLED_AFTER, job.stdout[-3000:]
     return job
 
@@ -87,7 +92,7 @@ def preempted(dumped: Job, tmp_path_factory: pytest.TempPathFactory) -> Job:
     FaultTolerance's own: the step it follows is completed all the same."""
     workdir = tmp_path_factory.mktemp("preempted")
     root = _copy(dumped.root, workdir / "ckpt")
-    env = job_env(FT_PLUGINS="ttp,resume", FT_TEST_SLOW=f"{STOPPED_AFTER - 1}:1")
+    env = job_env(FT_PLUGINS="ttp,resume", FT_TEST_SLOW=f"{STOPPED_AFTER - 1}:1", **JOB)
     job = msrun_jobs.start(workdir, "recipe_last", env, root=root, launcher=FT_RUN)
     msrun_jobs.wait_for_step(job, 0, STOPPED_AFTER)
     job.process.send_signal(signal.SIGTERM)
@@ -97,7 +102,8 @@ def preempted(dumped: Job, tmp_path_factory: pytest.TempPathFactory) -> Job:
 @pytest.fixture(scope="module")
 def finished(preempted: Job, tmp_path_factory: pytest.TempPathFactory) -> Job:
     workdir = tmp_path_factory.mktemp("finished")
-    return msrun_jobs.run(workdir, "recipe", job_env(FT_PLUGINS="ttp,resume"), root=_copy(preempted.root, workdir / "ckpt"))
+    return msrun_jobs.run(workdir, "recipe", job_env(FT_PLUGINS="ttp,resume", **JOB),
+                          root=_copy(preempted.root, workdir / "ckpt"))
 
 
 def test_without_ft_plugins_sigterm_to_msrun_orphans_the_job(reference: Job) -> None:
@@ -123,6 +129,21 @@ def test_a_crash_between_saves_loses_no_step_with_ttp(dumped: Job) -> None:
         assert not [p.name for p in directory.iterdir() if p.name.startswith(".")]  # no claim or staging left
     assert _latest_step(dumped.root) == (2, 6)
     assert "dying-gasp checkpoint of step 14 written" in dumped.log(0)
+
+
+def test_the_dump_and_the_regular_saves_record_their_writes_for_the_grace(dumped: Job, finished: Job) -> None:
+    """In the save root (``ft_write_speed.json``): the dump's write, both ranks' files by the one survivor, and
+    rank 0's ModelCheckpoint saves; a state this small fits msrun's second, so nothing is said."""
+    from ft_plugins import grace
+
+    measured = grace.measured(str(dumped.root))
+    assert measured.what == "dump of step 14"
+    assert measured.written == sum((dumped.root / f"rank_{rank}" / "net-2_6.ckpt").stat().st_size
+                                   for rank in range(WORKERS))
+    measured = grace.measured(str(finished.root))
+    saved = finished.root / "rank_0" / measured.what.removeprefix("save ")
+    assert measured.what.startswith("save net_") and measured.written == saved.stat().st_size
+    assert "longer than msrun's grace" not in dumped.log(0) + finished.log(0)
 
 
 def test_the_relaunch_resumes_at_the_dumped_step(dumped: Job, preempted: Job, reference: Job) -> None:
@@ -166,6 +187,34 @@ def test_the_second_relaunch_ends_bit_identical_to_the_uninterrupted_job(preempt
     theirs = load_checkpoint(str(reference.root / "rank_0" / "net-3_8.ckpt"))
     assert_same_parameters({k: v.asnumpy() for k, v in load_checkpoint(str(ours)).items()},
                            {k: v.asnumpy() for k, v in theirs.items()})
+
+
+def test_the_report_of_the_chain_names_each_fault_and_its_time_to_training_again(dumped: Job, preempted: Job,
+                                                                                finished: Job) -> None:
+    """``ft-plugins report`` on the last launch's checkpoint root: rank 1's death, seen by rank 0 (its process
+    exited), met by rank 0's dump and the relaunch; the SIGTERM, met by the dumps and the next relaunch; no step
+    lost. Each fault's time to training again holds at least what the test saw from outside: from the step log
+    rank 1 wrote last before dying (the SIGTERM: the signal's first dump) to the relaunch's processes starting."""
+    found = subprocess.run([PYTHON, "-m", "ft_plugins.cli", "report", str(finished.root), "--json"],
+                           capture_output=True, text=True, timeout=120)
+    assert found.returncode == 0, found.stderr[-2000:]
+    report = json.loads(found.stdout)
+    assert [(fault["kind"], fault["how"], fault["steps_lost"]) for fault in report["faults"]] == [
+        ("death", "dump + restart", 0), ("signal", "dump + restart", 0)], report
+    assert report["faults"][0]["rank"] == 1
+    assert all(fault["phases"]["dump"] > 0 for fault in report["faults"]), report
+    relaunched = [min(path.stat().st_mtime for path in job.out.glob("pid_MS_WORKER_*"))
+                  for job in (preempted, finished)]
+    faults = [(dumped.out / "steps_1.jsonl").stat().st_mtime, (preempted.root / "rank_0").stat().st_mtime]
+    for fault, started, at in zip(report["faults"], relaunched, faults):
+        assert started - at - 1.0 < fault["to_training"] < report["wall"], (fault, started - at)
+    assert 0 < report["goodput_percent"] < 100
+    # every worker recorded its resume choice: nothing at first, then the dump of step 14, then the SIGTERM's
+    last = max(preempted.steps(rank)[-1] for rank in range(WORKERS))
+    choices = [json.loads(line)["chosen"] for path in (finished.root / "ft_events").iterdir()
+               for line in path.read_text().splitlines() if '"ev": "resume"' in line]
+    assert sorted(choice.rsplit("-", 1)[1] if choice else "" for choice in choices) == sorted(
+        [""] * WORKERS + ["2_6.ckpt"] * WORKERS + [f"{(last - 1) // 8 + 1}_{(last - 1) % 8 + 1}.ckpt"] * WORKERS)
 
 
 def test_without_a_resume_dir_initial_epoch_refuses_naming_it(crashed: Job,

@@ -19,7 +19,7 @@ HF_GLUE = ("ft_plugins.torch.hf.resume",  # the checkpoint choice, a regular exp
            "ft_plugins.torch.hf.accelerate", "ft_plugins.torch.hf.agree", "ft_plugins.torch.hf.clean_exit",
            "ft_plugins.faults",  # a frozen dataclass; with it ft_plugins.recovery's named tuples
            "ft_plugins.recovery")  # also imported by the recover feature for one number
-MEGATRON_GLUE = ("ft_plugins.torch.resume",)
+MEGATRON_GLUE = ("ft_plugins.torch.megatron.resume",)
 
 PROBE = """
 import json, sys

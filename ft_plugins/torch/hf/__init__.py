@@ -71,9 +71,10 @@ class HFIntegration:
 
             self._add("ttp", TrainerDump(ttp))
         if job_events.recording():
+            from ft_plugins.torch.hf.accelerate_recording import AcceleratorEvents
             from ft_plugins.torch.hf.recording import TrainerEvents
 
-            self._add("events", TrainerEvents())
+            self._add("events", TrainerEvents(), AcceleratorEvents())
         self.clean_exit: Any = None
         if self.patch_sets:
             self.patch_sets.append(PatchSet("callback", (Patch(TRAINER, "Trainer.__init__", _add_callback),),

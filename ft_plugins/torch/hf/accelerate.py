@@ -19,20 +19,10 @@ from ft_plugins.features.resume import Resume
 from ft_plugins.patching import Patch
 from ft_plugins.torch.hf.agree import barrier
 from ft_plugins.torch.hf.resume import Chooser
-from ft_plugins.torch.hf.rotation import committed, number
+from ft_plugins.torch.hf.rotation import checkpoints, committed, number, uncommitted
 from ft_plugins.torch.hf.targets import ACCELERATOR
 
 log = logging.getLogger("ft_plugins.resume")
-
-
-def _folders(directory: str) -> list[str]:
-    """``checkpoint_N`` folders (any name ending in a number, as Accelerate counts them), oldest first."""
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return []
-    paths = [os.path.join(directory, name) for name in names if os.path.isdir(os.path.join(directory, name))]
-    return sorted((path for path in paths if number(path) >= 0), key=number)
 
 
 class AcceleratorResume:
@@ -52,7 +42,7 @@ class AcceleratorResume:
             self._commit(accelerator, os.fspath(output_dir) if output_dir is not None else None)
             return result
         root = os.path.join(accelerator.project_dir, "checkpoints")
-        on_disk = [number(path) for path in _folders(root)]
+        on_disk = [number(path) for path in checkpoints(root)]
         if on_disk and project.iteration <= max(on_disk):
             if accelerator.is_main_process:
                 log.info("resume: Accelerate's checkpoint counter continues at %d (checkpoint_%d is on disk)",
@@ -93,10 +83,11 @@ class AcceleratorResume:
 def _prune(root: str, limit: int) -> None:
     """Delete the oldest folders beyond ``limit``, never the newest committed one, nothing while a newer
     folder is uncommitted."""
-    folders = _folders(root)
+    folders = checkpoints(root)
     good = [path for path in folders if committed(path)]
-    if not good or not committed(folders[-1]):
-        log.warning("resume: nothing pruned: %s is not committed", folders[-1] if folders else root)
+    blocking = uncommitted(folders, good[-1] if good else None)
+    if blocking or not good:
+        log.warning("resume: nothing pruned: %s is not committed", blocking or root)
         return
     for path in [path for path in folders if path != good[-1]][:max(0, len(folders) - limit)]:
         log.info("resume: deleting %s (total_limit=%d, after %s was committed)", path, limit, good[-1])

@@ -1,6 +1,7 @@
-"""Trainer glue for the job's events (:mod:`ft_plugins.events`), as :mod:`ft_plugins.torch.recording` is Megatron's:
+"""Trainer glue for :mod:`ft_plugins.events`, as :mod:`ft_plugins.torch.megatron.recording` is Megatron's:
 training under way (its first step begins: the model built, any checkpoint loaded) and its end, each optimizer step,
-each save with its step and, from the process that writes the Trainer's state, its size."""
+each save with its step and, from the process that writes the Trainer's state, its size. Accelerate's own loop, without
+a Trainer: :mod:`.accelerate_recording`."""
 
 from __future__ import annotations
 
@@ -38,14 +39,6 @@ class TrainerEvents:
         result = wrapped(*args, **kwargs)
         trial = kwargs.get("trial", args[1] if len(args) > 1 else None)
         saved = os.path.join(trainer._get_output_dir(trial=trial), f"checkpoint-{step}")
-        events.emit("save_end", step=step, bytes=_size(saved) if trainer.args.should_save else None)
+        events.emit("save_end", step=step, bytes=events.size_on_disk(saved) if trainer.args.should_save else None)
         return result
 
-
-def _size(directory: str) -> int | None:
-    """The bytes under ``directory`` (every rank's part: the Trainer's own save ends at a barrier)."""
-    try:
-        return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(directory)
-                   for name in names)
-    except OSError:
-        return None

@@ -97,11 +97,9 @@ class Rotation:
 
         output_dir = os.fspath(output_dir)
         newest = find_latest(output_dir, "hf").path
-        floor = number(newest) if newest else -1
-        newer = (path for path in _checkpoints(output_dir) if number(path) > floor)
-        uncommitted = sorted((path for path in newer if not committed(path)), key=number)
-        if uncommitted:
-            log.warning("resume: no checkpoint rotated: %s is not committed%s", uncommitted[-1],
+        blocking = uncommitted(checkpoints(output_dir), newest)
+        if blocking:
+            log.warning("resume: no checkpoint rotated: %s is not committed%s", blocking,
                         f" (newest intact: {newest})" if newest else "")
             return None
         self._keep = os.path.normpath(newest) if newest else None
@@ -111,10 +109,20 @@ class Rotation:
             self._keep = None
 
 
-def _checkpoints(output_dir: str) -> list[str]:
-    """Every ``checkpoint-N`` directory of ``output_dir``."""
+def checkpoints(directory: str) -> list[str]:
+    """Every ``checkpoint-N`` (the Trainer's) or ``checkpoint_N`` (Accelerate's) folder of ``directory``, oldest
+    first."""
     try:
-        with os.scandir(output_dir) as entries:
-            return [entry.path for entry in entries if STEP.search(entry.name) and entry.is_dir()]
+        with os.scandir(directory) as entries:
+            found = [entry.path for entry in entries if STEP.search(entry.name) and entry.is_dir()]
     except FileNotFoundError:
         return []
+    return sorted(found, key=number)
+
+
+def uncommitted(folders: list[str], newest: str | None) -> str | None:
+    """The newest of ``folders`` (oldest first) that is newer than ``newest``, the newest committed checkpoint, and
+    not committed itself: while there is one, nothing is rotated, and ``newest`` is never deleted."""
+    floor = number(newest) if newest else -1
+    waiting = [path for path in folders if number(path) > floor and not committed(path)]
+    return waiting[-1] if waiting else None

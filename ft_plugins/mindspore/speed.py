@@ -1,0 +1,83 @@
+"""The built-in engine's dump against msrun's clock: how fast this job writes, and whether a dump fits.
+
+msrun polls its workers once a second and, when one has exited with an error, SIGKILLs every other worker's
+process group at once: no SIGTERM, no handler runs (``join_processes`` in MindSpore's
+``parallel/cluster/process_entity/_api.py``). The dump (:mod:`.dump`) is written by a watcher thread the moment
+it sees a peer gone, from the host copy of the last completed step, so it has what is left of that second, and
+``ft-plugins run`` cannot lengthen it (msrun kills its workers itself). Every regular save's and every dump's
+write is recorded in the save root (:mod:`ft_plugins.grace`); rank 0 says once, after its first step or a save,
+when a dump of every rank's file at that speed needs longer.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Callable
+
+from ft_plugins import grace
+from ft_plugins.mindspore.base import STEP_END, on_instance
+from ft_plugins.rank import is_rank_zero
+
+log = logging.getLogger("ft_plugins.ttp")
+
+MSRUN_GRACE = 1.0  # msrun's poll: a dump longer than this may be SIGKILLed before it is written
+LAUNCHER = "msrun"
+
+
+def under_msrun() -> bool:
+    """Whether this worker's parent is msrun (the launcher that SIGKILLs the others when one dies)."""
+    try:
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as handle:
+            return any(os.path.basename(arg) == LAUNCHER.encode() for arg in handle.read().split(b"\0")[:2])
+    except OSError:
+        return False
+
+
+class WriteSpeed:
+    """Records this job's writes in ``root`` and says once when a dump of ``dump_bytes`` would outlast msrun."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.said = False
+        self.pending = True  # a write was recorded (or none looked at yet) since the last look
+
+    def record(self, written: int, seconds: float, what: str) -> None:
+        grace.record(self.root, grace.Measured(written, seconds, what))
+        self.pending = True
+
+    def warn(self, dump_bytes: int) -> None:
+        """Rank 0, once: the dump of ``dump_bytes`` (every file a survivor may write) at the recorded speed needs
+        longer than msrun gives."""
+        if self.said or not self.pending:
+            return
+        self.pending = False
+        found = grace.measured(self.root) if is_rank_zero() and under_msrun() else None
+        if found is None:
+            return
+        seconds = grace.estimate(dump_bytes, found.speed, fixed=0.0)
+        if seconds > MSRUN_GRACE:
+            self.said = True
+            log.warning("ttp: a dump needs about %.1f s (%.2f GB, every rank's file, at %.0f MB/s, measured on the "
+                        "%s), longer than msrun's grace: it SIGKILLs every worker within %g s of one's death, so the "
+                        "dump is cut short and the steps since the last save are lost", seconds, dump_bytes / 1e9,
+                        found.speed / 1e6, found.what, MSRUN_GRACE)
+
+    def timed_saves(self, checkpoint: Any) -> Callable[[], None]:
+        """Rank 0 records each save its ``ModelCheckpoint`` makes in a step end (an asynchronous save's time is
+        not its write's); returns the undo."""
+        config = getattr(checkpoint, "_config", None)
+        if checkpoint is None or not is_rank_zero() or getattr(config, "async_save", False):
+            return lambda: None
+        step_end = getattr(checkpoint, STEP_END)
+
+        def timed(run_context: Any) -> None:
+            before, started = checkpoint.latest_ckpt_file_name, time.monotonic()
+            step_end(run_context)
+            latest = checkpoint.latest_ckpt_file_name
+            if latest and latest != before and os.path.isfile(latest):
+                self.record(os.path.getsize(latest), time.monotonic() - started,
+                            f"save {os.path.basename(latest)}")
+
+        return on_instance(checkpoint, STEP_END, timed)

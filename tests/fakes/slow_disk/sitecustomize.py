@@ -1,0 +1,55 @@
+"""A slow file system and a launcher with a short fixed grace, for the dump-against-the-grace tests: put this
+folder on a job's ``PYTHONPATH``.
+
+- ``FT_FAKE_SLOW_WRITE=S``: every ``torch.save`` to a ``.pt`` file (a dump's ``x.pt.N.partial`` too) takes S
+  seconds more once written (a stalled file system: the file is there, its write not finished), in the job's
+  first attempt only (``TORCHELASTIC_RESTART_COUNT`` 0), so that the relaunch trains at full speed.
+- ``FT_FAKE_TORCHRUN_GRACE=G``: torch's elastic agent stops its workers with G seconds instead of its fixed 30 s
+  (the default timeout of ``PContext.close`` and ``LocalElasticAgent._shutdown``; explicit timeouts are kept),
+  and ft_plugins knows torchrun's grace as G: the same launcher as torchrun's, with a suite-sized clock.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import wrapt
+
+
+def _slow_save(wrapped, _instance, args, kwargs):
+    result = wrapped(*args, **kwargs)
+    target = kwargs.get("f", args[1] if len(args) > 1 else None)
+    if isinstance(target, (str, os.PathLike)) and ".pt" in os.path.basename(target):
+        time.sleep(float(os.environ["FT_FAKE_SLOW_WRITE"]))
+    return result
+
+
+def _slow_torch(torch) -> None:
+    torch.save = wrapt.FunctionWrapper(torch.save, _slow_save)
+
+
+def _grace(seconds: float):
+    def processes(module) -> None:
+        close = vars(module.PContext)["close"]
+        close = getattr(close, "__wrapped__", close)
+        close.__defaults__ = (close.__defaults__[0], seconds)
+
+    def agent(module) -> None:
+        shutdown = vars(module.LocalElasticAgent)["_shutdown"]
+        shutdown = getattr(shutdown, "__wrapped__", shutdown)
+        shutdown.__defaults__ = (shutdown.__defaults__[0], seconds)
+
+    def knows(module) -> None:
+        module.TORCHRUN_GRACE = seconds
+
+    return processes, agent, knows
+
+
+if "FT_FAKE_SLOW_WRITE" in os.environ and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+    wrapt.register_post_import_hook(_slow_torch, "torch")
+if "FT_FAKE_TORCHRUN_GRACE" in os.environ:
+    _processes, _agent, _knows = _grace(float(os.environ["FT_FAKE_TORCHRUN_GRACE"]))
+    wrapt.register_post_import_hook(_processes, "torch.distributed.elastic.multiprocessing.api")
+    wrapt.register_post_import_hook(_agent, "torch.distributed.elastic.agent.server.local_elastic_agent")
+    wrapt.register_post_import_hook(_knows, "ft_plugins.grace")

@@ -1,0 +1,209 @@
+"""The dump commit protocol on real files: coverage, mixed steps, killed writers, collisions, idempotency."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ft_plugins.checkpoint import find_latest, verify
+from ft_plugins.checkpoint.dump import PART_RECORD, Part, commit_dump, complete_pending, pending_reason, uncovered, write_part
+from ft_plugins.checkpoint.naming import TRACKER, dump_dir
+from ft_plugins.checkpoint.naming import iteration_dir as final_dir
+
+SHARDS = ("mp_rank_00", "mp_rank_01")
+
+
+def _zip(path: str) -> None:
+    import torch
+
+    torch.save({"payload": b"weights"}, path)
+
+
+def _part(save: Path, shard: str, iteration: int, writer: int = 0, shards: tuple[str, ...] = SHARDS) -> None:
+    write_part(str(save), Part(shard, iteration, shards, writer), {"model_optim_rng.pt": _zip})
+
+
+def _tracker(save: Path) -> str:
+    return (save / TRACKER).read_text()
+
+
+def test_commit_needs_every_shard_then_renames_manifests_and_moves_the_tracker(tmp_path: Path) -> None:
+    (tmp_path / TRACKER).write_text("2")
+    _part(tmp_path, "mp_rank_00", 5)
+    outcome = commit_dump(str(tmp_path), 5)
+    assert not outcome.committed
+    assert outcome.reasons == ["shard mp_rank_01 missing (no survivor holding it wrote it)"]
+    assert _tracker(tmp_path) == "2" and Path(dump_dir(str(tmp_path), 5)).is_dir()
+    _part(tmp_path, "mp_rank_01", 5, writer=1)
+    outcome = commit_dump(str(tmp_path), 5)
+    assert outcome.committed and outcome.path == final_dir(str(tmp_path), 5)
+    assert not Path(dump_dir(str(tmp_path), 5)).exists()
+    assert (Path(outcome.path) / "ft_manifest.json").is_file()
+    assert _tracker(tmp_path) == "5"
+    assert find_latest(tmp_path).iteration == 5 and verify(outcome.path).intact
+    assert commit_dump(str(tmp_path), 5).committed  # idempotent: a second committer finds it done
+    assert _tracker(tmp_path) == "5"
+
+
+def test_tracker_never_goes_back(tmp_path: Path) -> None:
+    (tmp_path / TRACKER).write_text("9")
+    for shard in SHARDS:
+        _part(tmp_path, shard, 5)
+    assert commit_dump(str(tmp_path), 5).committed
+    assert _tracker(tmp_path) == "9"
+
+
+def test_parts_from_different_steps_are_never_committed(tmp_path: Path) -> None:
+    _part(tmp_path, "mp_rank_00", 5)
+    _part(tmp_path, "mp_rank_01", 4)
+    stray = Path(dump_dir(str(tmp_path), 4)) / "mp_rank_01"
+    stray.rename(Path(dump_dir(str(tmp_path), 5)) / "mp_rank_01")
+    outcome = commit_dump(str(tmp_path), 5)
+    assert not outcome.committed
+    assert "mp_rank_01: part of iteration 4 (mp_rank_01), not of 5 (parts from different steps)" in outcome.reasons
+
+
+def test_a_writer_killed_mid_write_leaves_no_record_and_no_commit(tmp_path: Path) -> None:
+    _part(tmp_path, "mp_rank_00", 5)
+    script = (
+        "import os, signal, sys\n"
+        "from ft_plugins.checkpoint.dump import Part, write_part\n"
+        "def dying(path):\n"
+        "    with open(path, 'wb') as handle:\n"
+        "        handle.write(b'PK' + b'x' * 4096)\n"
+        "        handle.flush()\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        f"write_part({str(tmp_path)!r}, Part('mp_rank_01', 5, {SHARDS!r}, 1), {{'model_optim_rng.pt': dying}})\n")
+    result = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert result.returncode == -signal.SIGKILL
+    shard = Path(dump_dir(str(tmp_path), 5)) / "mp_rank_01"
+    assert [p.name for p in shard.iterdir()] == ["model_optim_rng.pt.1.partial"]
+    outcome = commit_dump(str(tmp_path), 5)
+    assert not outcome.committed
+    assert outcome.reasons == ["mp_rank_01: no part record (its writer was killed mid-write)",
+                               "shard mp_rank_01 missing (no survivor holding it wrote it)"]
+    selection = find_latest(tmp_path, "megatron")
+    assert selection.path is None
+    assert [s.reason for s in selection.skipped] == ["dying-gasp dump never committed: " + "; ".join(outcome.reasons)]
+
+
+def test_a_dump_never_replaces_a_periodic_save_of_the_same_step(tmp_path: Path) -> None:
+    (Path(final_dir(str(tmp_path), 5)) / "mp_rank_00").mkdir(parents=True)  # a periodic save, half-written
+    for shard in SHARDS:
+        _part(tmp_path, shard, 5)
+    outcome = commit_dump(str(tmp_path), 5)
+    assert not outcome.committed
+    assert outcome.reasons == ["iter_0000005 already exists (a periodic save of the same step, maybe half-written): "
+                               "the dump is not committed over it"]
+    assert pending_reason(dump_dir(str(tmp_path), 5)).startswith("dying-gasp dump never committed: iter_0000005 already")
+
+
+def test_start_up_completes_a_commit_interrupted_after_the_rename(tmp_path: Path) -> None:
+    (tmp_path / TRACKER).write_text("2")
+    for shard in SHARDS:
+        _part(tmp_path, shard, 5)
+    os.rename(dump_dir(str(tmp_path), 5), final_dir(str(tmp_path), 5))  # the committer died here
+    _part(tmp_path, "mp_rank_00", 7)  # an older incomplete dump of a later failure
+    assert pending_reason(dump_dir(str(tmp_path), 7)).endswith("shard mp_rank_01 missing (no survivor holding it wrote it)")
+    outcomes = complete_pending(str(tmp_path))
+    assert [(o.iteration, o.committed) for o in outcomes] == [(7, False), (5, True)]
+    assert _tracker(tmp_path) == "5"
+    assert (Path(final_dir(str(tmp_path), 5)) / "ft_manifest.json").is_file()
+    assert complete_pending(str(tmp_path))[0].iteration == 7  # nothing else left to do
+
+
+def test_a_complete_uncommitted_dump_is_reported_as_such(tmp_path: Path) -> None:
+    for shard in SHARDS:
+        _part(tmp_path, shard, 3)
+    assert pending_reason(dump_dir(str(tmp_path), 3)) == (
+        "dying-gasp dump complete but not committed yet (ttp commits it at the next start-up)")
+    record = json.loads((Path(dump_dir(str(tmp_path), 3)) / "mp_rank_00" / PART_RECORD).read_text())
+    assert record == {"shard": "mp_rank_00", "iteration": 3, "shards": list(SHARDS), "writer": 0,
+                      "files": ["model_optim_rng.pt"]}
+
+
+def test_a_file_the_record_names_but_missing_is_never_committed(tmp_path: Path) -> None:
+    """A part of several files (the distributed optimizer's ``distrib_optim.pt`` beside the model) counts only whole."""
+    _part(tmp_path, "mp_rank_00", 3)
+    write_part(str(tmp_path), Part("mp_rank_01", 3, SHARDS, 1), {"distrib_optim.pt": _zip, "model_optim_rng.pt": _zip})
+    (Path(dump_dir(str(tmp_path), 3)) / "mp_rank_01" / "distrib_optim.pt").unlink()
+    outcome = commit_dump(str(tmp_path), 3)
+    assert not outcome.committed
+    assert outcome.reasons == ["mp_rank_01: distrib_optim.pt missing beside its part record",
+                               "shard mp_rank_01 missing (no survivor holding it wrote it)"]
+
+
+@pytest.mark.parametrize(("holders", "missing"), [
+    ({"a": [0], "b": [1]}, []),
+    ({"a": [0, 2]}, ["b"]),
+    ({"a": [], "b": [3]}, ["a"]),
+    ({}, ["a", "b"]),
+])
+def test_coverage_rule(holders: dict, missing: list) -> None:
+    assert uncovered(["b", "a"], holders) == missing
+
+
+def _resume() -> "Resume":
+    from ft_plugins.features.resume import Resume
+
+    feature = Resume("pt", {option.name: option.default for option in Resume.options})
+    feature.start()
+    return feature
+
+
+def test_a_dump_cut_short_alone_never_stops_a_start(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The launcher's SIGKILL cut the only save short: no checkpoint was ever made, so the job starts as it
+    would without one, and says which dump it passed over."""
+    _part(tmp_path, "mp_rank_00", 5)  # mp_rank_01's writer was killed before it wrote
+    with caplog.at_level("WARNING", logger="ft_plugins"):
+        selection = _resume().choose(str(tmp_path))
+    assert selection.path is None and [s.unfinished for s in selection.skipped] == [True]
+    said = [record.getMessage() for record in caplog.records]
+    assert any("iter_0000005_tmp: dying-gasp dump never committed: shard mp_rank_01 missing" in line for line in said)
+    assert any(line.endswith("only saves that never finished (iter_0000005_tmp); starting as the job would "
+                             "without one") for line in said), said
+
+
+def test_a_dump_cut_short_beside_a_periodic_save_resumes_from_the_save(tmp_path: Path) -> None:
+    for shard in SHARDS:
+        _part(tmp_path, shard, 2)
+    assert commit_dump(str(tmp_path), 2).committed
+    _part(tmp_path, "mp_rank_00", 5)
+    selection = _resume().choose(str(tmp_path))
+    assert selection.iteration == 2 and [Path(s.path).name for s in selection.skipped] == ["iter_0000005_tmp"]
+
+
+def test_a_broken_checkpoint_beside_a_dump_cut_short_still_stops_the_start(tmp_path: Path) -> None:
+    from ft_plugins.features.resume import NoIntactCheckpoint
+
+    for shard in SHARDS:
+        _part(tmp_path, shard, 2)
+    assert commit_dump(str(tmp_path), 2).committed
+    (tmp_path / "iter_0000002" / "mp_rank_01" / "model_optim_rng.pt").write_bytes(b"")  # a real save, damaged
+    _part(tmp_path, "mp_rank_00", 5)
+    with pytest.raises(NoIntactCheckpoint, match="none is intact"):
+        _resume().choose(str(tmp_path))
+
+
+@pytest.mark.parametrize("given, refusal", [
+    ({}, ""),
+    ({"ckpt_format": "torch_dist"}, ""),
+    ({"ckpt_format": "torch_dcp", "auto_detect_ckpt_format": True}, ""),
+    ({"ckpt_format": "torch_dcp"}, "--ckpt-format torch_dcp: the dump is written in the torch format, which a job "
+                                   "loads with --ckpt-format torch or torch_dist, or with --auto-detect-ckpt-format"),
+    ({"data_parallel_random_init": True}, "--data-parallel-random-init: a save gathers every data-parallel rank's "
+                                          "RNG state"),
+], ids=["torch", "torch-dist", "auto-detect", "torch-dcp", "random-init"])
+def test_the_megatron_dump_serves_the_formats_whose_load_reads_a_torch_format_directory(given: dict,
+                                                                                         refusal: str) -> None:
+    from types import SimpleNamespace
+
+    from ft_plugins.torch.megatron.dump import unsupported
+
+    assert unsupported(SimpleNamespace(**{"ckpt_format": "torch", **given})) == refusal

@@ -1,0 +1,256 @@
+"""MindCluster's ``recover`` strategy through MindIO's handlers, outside MindSpeed-LLM.
+
+One real 4-rank torchrun run of Megatron's ``pretrain()`` (CPU, gloo, DP=4), launched as ``ft-plugins run --
+torchrun ...`` with ``FT_PLUGINS=ttp,recover`` and the MindIO stand-in on the path (so ttp's MindIO engine is
+chosen, ARF switched on): rank 1 is SIGKILLed as step 3 begins; the launcher starts one new process for it,
+and the stand-in's controller (tests/fakes/mindio_ttp/arf.py) calls stop and clean on the survivors, waits
+for the replacement's ``ARF FINISH``, then rebuild_group, repair and rollback. The survivors keep their
+processes, nothing is read from disk, and the final save equals the uninterrupted run's bit for bit.
+
+In-process: a handler called out of order, or for a layout it cannot repair, answers MindIO's failure code
+(through the stand-in's own wrapping of the handler) and says why in one line; MindIO's dump path then still
+works. The same fault without ft_plugins ends the job (tests/torch_megatron/test_recover.py's negative control, the
+same DP=4 launch and fault); with recover off, the old handlers decline and MindIO can only dump.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from support import FAKES, read_records
+from ttp_runs import DP4, ITERS, Job, mindio_env, run_supervised, same_as_reference
+
+FIRST = 2  # rank 1 dies as the step after 2 completed steps begins
+ORDER = ["stop", "clean", "replacement", "rebuild_group", "repair", "rollback"]
+
+
+@pytest.fixture(scope="module")
+def arf_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Job, list[dict[str, Any]]]:
+    workdir = tmp_path_factory.mktemp("mindio_recover")
+    record = workdir / "mindio.jsonl"
+    job = run_supervised(workdir, DP4, "--save-interval", "100", FT_PLUGINS="ttp,recover", **mindio_env(record),
+                         FT_PLUGINS_INJECT_FAULT=f"rank=1,step={FIRST},kind=kill")
+    return job, read_records(record)
+
+
+def _controller(calls: list[dict[str, Any]]) -> list[tuple[str, Any, Any]]:
+    """What the stand-in's controller did: (action, rank, MindIO's answer) in order."""
+    return [(c["api"].removeprefix("fake_controller_"), c["args"][0], c["args"][-1]) for c in calls
+            if c["api"].startswith("fake_controller_")]
+
+
+def test_the_job_ends_with_exit_0_and_the_uninterrupted_runs_final_save(arf_run: tuple[Job, list],
+                                                                        dp4_reference: Job) -> None:
+    job, _ = arf_run
+    assert job.returncode == 0, job.output[-5000:]
+    assert len(job.lines("firing injected fault")) == 1
+    assert job.tracker() == str(ITERS)
+    assert same_as_reference(job, dp4_reference, ITERS) == []  # model, optimizer, scheduler, RNG, counters
+
+
+def test_the_controller_drove_every_handler_in_mindios_order_and_each_answered_0(arf_run: tuple[Job, list]) -> None:
+    _, calls = arf_run
+    done = _controller(calls)
+    assert not [c for c in calls if c["api"].startswith("fake_processor_")], [  # a refusal, and why
+        c for c in calls if c["api"].startswith("fake_processor_")]
+    assert [action for action, _, _ in done if action != "replacement"][:1] == ["fault"]
+    stages = [action for action, _, _ in done if action != "fault"]
+    assert sorted(set(stages), key=stages.index) == ORDER, done
+    by_stage = {stage: {rank: answer for action, rank, answer in done if action == stage} for stage in ORDER}
+    assert by_stage["stop"] == by_stage["clean"] == {0: 0, 2: 0, 3: 0}, "stop and clean on the survivors only"
+    assert by_stage["replacement"] == {1: True}, "the replacement reported ARF FINISH"
+    assert by_stage["rebuild_group"] == by_stage["rollback"] == {0: 0, 1: 0, 2: 0, 3: 0}
+    assert by_stage["repair"] == {0: 0, 1: 0}, "the source and the one rank lacking the state"
+    repair = [c["args"][1] for c in calls if c["api"] == "fake_controller_repair"]
+    assert "'repair_type': 'send', 'src': [0], 'dst': [1]" in repair[0] and "'repair_type': 'recv'" in repair[1]
+
+
+def test_the_survivors_keep_their_processes_one_new_process_joins_through_the_handlers(
+        arf_run: tuple[Job, list]) -> None:
+    job, calls = arf_run
+    started = {c["rank"]: c["pid"] for c in calls if c["api"] == "tft_init_processor"}  # the last start per rank
+    first: dict[str, int] = {}
+    for c in calls:
+        if c["api"] == "tft_init_processor":
+            first.setdefault(c["rank"], c["pid"])
+    replacement = re.search(r"rank 1 exited with code -9; replacement pid (\d+) started", job.output)
+    assert replacement and started["1"] == int(replacement.group(1)) != first["1"], "exactly one new process"
+    assert len({c["pid"] for c in calls}) == 5
+    for rank in ("0", "2", "3"):
+        assert job.lines(f"MindIO stop on rank {rank} (pid {first[rank]})"), f"rank {rank} stopped in its own process"
+        assert ("tft_pause_train", first[rank]) in {(c["api"], c["pid"]) for c in calls if c["args"] == [ITERS]}
+    assert {(c["api"], c["rank"]) for c in calls if c["api"].startswith("torch_npu.npu.")} == {
+        (api, rank) for api in ("torch_npu.npu.stop_device", "torch_npu.npu.restart_device") for rank in "023"}
+    assert [c["args"][0] for c in calls if c["api"] == "tft_report_error" and c["pid"] == started["1"]] == [
+        "RS_PREREPAIR_FINISH"]
+    assert job.lines("MindIO rollback on rank 1 in") and job.lines(
+        f"every rank stands at step {FIRST}, training continues at step {FIRST + 1}")
+
+
+def test_nothing_read_or_dumped_every_step_trained_once(arf_run: tuple[Job, list]) -> None:
+    job, _ = arf_run
+    assert not job.lines("loading checkpoint"), "the replacement read nothing from disk"
+    assert not job.lines("dumped") and not job.lines("refused")
+    assert sorted(path.name for path in job.save.iterdir()) == ["ft_events", "ft_write_speed.json", "iter_0000006",
+                                                                "latest_checkpointed_iteration.txt"]
+    assert [len(job.lines(f"iteration        {i}/       {ITERS}")) for i in range(1, ITERS + 1)] == [1] * ITERS
+
+
+# -- in process: refusals, and the dump after them --------------------------------------------------------
+@pytest.fixture
+def mindio(monkeypatch: pytest.MonkeyPatch, isolated_vendor_modules: None) -> Any:
+    """The stand-in's ``framework_ttp`` imported here; every vendor module it brought (taskd's too) is gone
+    afterwards."""
+    monkeypatch.syspath_prepend(str(FAKES))
+    monkeypatch.delenv("FT_FAKE_RECORD", raising=False)
+    monkeypatch.setenv("RANK", "0")
+    import mindio_ttp.framework_ttp as api
+
+    return api
+
+
+class Writer:
+    """Stands in for the dump writer: what MindIO's save and rename handlers asked of it."""
+
+    def __init__(self) -> None:
+        self.saved: list[Any] = []
+        self.committed: list[int] = []
+
+    def save(self, reason: str, frozen: Any, commit: bool = True) -> None:
+        self.saved.append(frozen)
+
+    def save_dir(self) -> str:
+        return "unused"
+
+    def commit(self, save_dir: str, iteration: int) -> str:
+        self.committed.append(iteration)
+        return "committed"
+
+
+@pytest.fixture
+def wired(mindio: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any, Writer]:
+    """A worker's MindIO wiring after 2 completed steps (the step tracker inside step 3), every handler registered."""
+    from mindio_ttp import arf
+
+    from ft_plugins.steps import StepTracker
+    from ft_plugins.torch.megatron import mindio_recover
+    from ft_plugins.torch.megatron.mindio import MindioDriver
+
+    tracker, writer = StepTracker(), Writer()
+    recovery = mindio_recover.MindioRecovery(SimpleNamespace(settings={"timeout": 5.0}, recoveries=[]),
+                                             SimpleNamespace(tracker=tracker, writer=writer))
+    recovery.objects = ("model", "optimizer", "scheduler")
+    driver = MindioDriver(None, tracker, writer)
+    for kind, handler in {"save_ckpt": driver.save, "rename": driver.rename, **recovery.handlers()}.items():
+        getattr(mindio, f"tft_register_{kind}_handler")(handler)
+    tracker.begin(FIRST, "step 3's payload")
+    monkeypatch.setattr(mindio_recover, "megatron_args", lambda: SimpleNamespace(use_distributed_optimizer=False))
+    monkeypatch.setattr(mindio_recover, "_data_parallel", lambda: (None, [0, 1, 2, 3]))
+    monkeypatch.setattr("torch.distributed.get_rank", lambda: 0)
+    return arf, recovery, writer
+
+
+def _answer(arf: Any, kind: str, payload: Any = None) -> int:
+    """The handler called as MindIO calls it; MindIO's answer (0 done, 1 failed)."""
+    from mindio_ttp import framework_ttp
+
+    return arf._run(framework_ttp, kind, payload)
+
+
+def _repair(**info: Any) -> tuple:
+    return FIRST, False, [1], {"type": [0], "repair_type": "send", "src": [0], "dst": [1], "rank_list": [0, 1], **info}
+
+
+def _refusals(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR and "refused" in r.getMessage()]
+
+
+def test_handlers_called_out_of_order_answer_the_failure_code_and_say_why_in_one_line(
+        wired: tuple, caplog: pytest.LogCaptureFixture) -> None:
+    arf, recovery, _ = wired
+    caplog.set_level(logging.ERROR, "ft_plugins.recover")
+    assert [_answer(arf, "repair", _repair()), _answer(arf, "rollback", FIRST), _answer(arf, "clean"),
+            _answer(arf, "rebuild_group", [1])] == [1, 1, 1, 1]
+    assert _refusals(caplog) == [
+        f"recover: MindIO {kind} refused on rank 0: {kind} called before any other handler (expected after "
+        f"{after}); MindIO falls back to its dump"
+        for kind, after in (("repair", "rebuild_group"), ("rollback", "rebuild_group or repair"), ("clean", "stop"),
+                            ("rebuild_group", "clean"))]
+    assert recovery.stage == "", "a refusal changes nothing"
+    recovery.stage = "clean"
+    assert _answer(arf, "stop") == 1 and "stop called after clean (expected after start or rollback)" in \
+        _refusals(caplog)[-1]
+
+
+@pytest.mark.parametrize("layout, info, why", [
+    ({"use_distributed_optimizer": True}, {}, "megatron's distributed optimizer in one instance: a lost rank's "
+     "optimizer shard has no other holder (FT_PLUGINS_TTP_REPLICAS=2, or --num-distributed-optimizer-instances 2)"),
+    ({}, {"type": [1]}, "expert (MoE) optimizer state is not repaired in place yet"),
+    ({}, {"repair_type": "load_ckpt"}, "repair type 'load_ckpt' (e.g. a checkpoint load) is not done in place"),
+    ({}, {"dst": [5]}, "rank 5 outside this rank's data-parallel group [0, 1, 2, 3]: no replica of this state there"),
+], ids=["distributed-optimizer-one-instance", "moe", "checkpoint-load", "outside-the-group"])
+def test_a_layout_the_handlers_cannot_repair_is_refused_then_mindios_dump_still_works(
+        wired: tuple, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, layout: dict, info: dict,
+        why: str) -> None:
+    arf, recovery, writer = wired
+    from ft_plugins.torch.megatron import mindio_recover
+
+    monkeypatch.setattr(mindio_recover, "megatron_args", lambda: SimpleNamespace(
+        **{"use_distributed_optimizer": False, **layout}))
+    caplog.set_level(logging.ERROR, "ft_plugins.recover")
+    recovery.stage = "rebuild_group"
+    assert _answer(arf, "repair", _repair(**info)) == 1
+    [line] = _refusals(caplog)
+    assert line == f"recover: MindIO repair refused on rank 0: {why}; MindIO falls back to its dump"
+    assert _answer(arf, "dump", FIRST) == 0  # MindIO's fallback: its save handler, then its rename handler
+    [frozen] = writer.saved
+    assert (frozen.completed, frozen.torn, frozen.payload) == (FIRST, False, "step 3's payload")
+    assert writer.committed == [FIRST]
+
+
+def test_a_memory_error_is_refused_by_clean_with_mindios_code(wired: tuple, caplog: pytest.LogCaptureFixture) -> None:
+    _, recovery, _ = wired
+    recovery.stage = "stop"
+    assert recovery.clean(True, None, None) == 1
+    assert _refusals(caplog) == ["recover: MindIO clean refused on rank 0: a memory error (UCE) on this device is "
+                                 "not repaired in place; MindIO falls back to its dump"]
+
+
+def test_without_recover_the_old_handlers_decline_and_mindio_can_only_dump(mindio: Any) -> None:
+    from mindio_ttp import arf
+
+    from ft_plugins.torch.megatron.mindio import _declined
+
+    for kind in ("rebuild_group", "repair", "rollback"):
+        getattr(mindio, f"tft_register_{kind}_handler")(_declined(kind))
+    assert [_answer(arf, "rebuild_group", [1]), _answer(arf, "repair", _repair()), _answer(arf, "rollback", FIRST)] \
+        == [1, 1, 1]
+
+
+
+def test_a_failed_step_stops_children_ending_raising_in_the_main_thread_unless_recover_may_repair_it() -> None:
+    """Without recover the main thread only waits for MindIO's dump and exit, while torchrun ends the data
+    loader workers (torch's SIGCHLD handler would raise in that wait); a process that may be repaired
+    trains on and keeps the data loader's watch on its workers."""
+    from ft_plugins.steps import StepTracker
+    from ft_plugins.torch.megatron.mindio import MindioDriver
+
+    def data_loader(signum: int, frame: Any) -> None:  # what torch's DataLoader installs
+        raise RuntimeError("DataLoader worker is killed by signal: Terminated.")
+
+    previous = signal.signal(signal.SIGCHLD, data_loader)
+    try:
+        repairable = MindioDriver(None, StepTracker(), Writer())
+        repairable.recovery = object()
+        repairable.step_failed()
+        assert signal.getsignal(signal.SIGCHLD) is data_loader
+        MindioDriver(None, StepTracker(), Writer()).step_failed()
+        assert signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
