@@ -19,6 +19,8 @@ import os
 import subprocess
 import sys
 
+from ft_plugins.launch import without_bootstrap  # here, not at the call: an import there could wait on a lock
+
 log = logging.getLogger(__name__)
 
 WORTH = 64  # top-level entries (rank files, rank folders): below this the first check takes milliseconds
@@ -35,8 +37,6 @@ def judge_later(checkpoint: str, deep: bool = False) -> subprocess.Popen | None:
         with os.scandir(checkpoint) as entries:
             if sum(1 for _ in itertools.islice(entries, WORTH)) < WORTH:
                 return None
-        from ft_plugins.launch import without_bootstrap
-
         env = dict(os.environ, PYTHONPATH=without_bootstrap(os.environ.get("PYTHONPATH", "")))
         process = subprocess.Popen([sys.executable, "-c", _CHILD, checkpoint, *(["--deep"] if deep else [])],
                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
