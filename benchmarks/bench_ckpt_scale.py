@@ -7,12 +7,16 @@ tracker on the newest, a commit manifest in each (as the resume feature writes t
               torch.distributed.checkpoint's own ``Metadata`` object (its real classes) with --shards
               storage entries per rank (distributed-optimizer slices of every flat buffer), pickled as
               DCP pickles it; every ``.distcp`` file as long as its entries say
+each judged at commit as resume judges a large save (the full check in a process of its own, which
+records the verdict: the time training waits for it to start and the check's own time are printed),
 and times the check in a child process (nothing leaks), in-process, at 0 ms and with every metadata
 operation (stat, lstat, fstat, open, scandir, listdir, a directory entry's stat; exists/isfile go
-through stat) wrapped to sleep --delay ms and counted. Scenarios:
-  first       newest intact, no verdict recorded yet (the first check after a save)
-  restart     newest intact, its verdict recorded by an earlier check (every later restart)
+through stat) wrapped to sleep --delay ms and counted. Each sleeps in the calling thread, without the
+interpreter lock, so operations of several threads overlap as a metadata server's answers do. Scenarios:
+  unjudged    newest intact, no verdict recorded (a save no check has seen: not judged at commit)
+  first       newest intact, its verdict written at commit (the first start after a save, and every later one)
   truncated   newest holds one truncated rank file (damaged after its commit), the one before intact
+  truncated, unjudged   the same without any verdict recorded
 And ``ft-plugins ckpt latest DIR`` as a whole process (interpreter start included, 0 ms). Figures are
 medians of --runs child processes, printed with their ratio to reading the tracker alone (what
 Megatron itself reads) and, with --baseline-ref, to the code of that git revision, run the same way.
@@ -104,8 +108,9 @@ def build_torch_dist(root: Path, keep: int, ranks: int, shards: int) -> None:
             "common_backend": "torch", "common_backend_version": 1}))
 
 
-def build(root: Path, form: str, ranks: int, keep: int, mp: int, shards: int) -> float:
-    """The save directory, every iteration committed as the resume feature commits; its commit time."""
+def build(root: Path, form: str, ranks: int, keep: int, mp: int, shards: int) -> tuple[float, tuple[float, float]]:
+    """The save directory, every iteration committed as the resume feature commits; the commit's time
+    (manifest), and the time until its check at commit started (what training waits for)."""
     from ft_plugins.checkpoint.committing import commit
 
     if form == "torch":
@@ -116,7 +121,22 @@ def build(root: Path, form: str, ranks: int, keep: int, mp: int, shards: int) ->
     start = time.perf_counter()
     for iteration in range(1, keep + 1):
         commit(root / f"iter_{iteration:07d}")
-    return (time.perf_counter() - start) / keep
+    return (time.perf_counter() - start) / keep, judge_all(root)
+
+
+def judge_all(root: Path) -> tuple[float, float]:
+    """Each iteration judged as at its commit, one after the other; the medians of the time to start a check
+    (what training waits for) and of the check's own time in the background."""
+    from ft_plugins.checkpoint.judging import judge_later
+
+    starts, checks = [], []
+    for directory in sorted(root.glob("iter_*")):
+        start = time.perf_counter()
+        process = judge_later(str(directory))
+        starts.append(time.perf_counter() - start)
+        assert process is None or process.wait() == 0
+        checks.append(time.perf_counter() - start)
+    return statistics.median(starts), statistics.median(checks)
 
 
 def drop_verdicts(root: Path) -> None:
@@ -263,9 +283,12 @@ def measure(root: Path, form: str, ranks: int, options: argparse.Namespace, old:
     keep = options.keep
     expected = {"intact": str(root / f"iter_{keep:07d}"), "truncated": str(root / f"iter_{keep - 1:07d}")}
     tracker = {delay: median_run(options.runs, root, delay, "tracker", None) for delay in (0, options.delay)}
-    scenarios = [("first", "intact", lambda: drop_verdicts(root)), ("restart", "intact", None)]
+    unjudged = lambda: drop_verdicts(root)  # noqa: E731
     label = f"{form} {ranks} ranks" if form == "torch_dist" else f"{form} {ranks} ranks ({options.mp} mp shards)"
-    for scenario, state, before in [*scenarios, ("truncated", "truncated", None)]:
+    for scenario, state, before in [("unjudged", "intact", unjudged), ("first", "intact", None),
+                                    ("truncated", "truncated", None), ("trunc-unj", "truncated", unjudged)]:
+        if scenario == "first":
+            judge_all(root)
         if scenario == "truncated":
             truncate_newest(root)
         for delay in (0, options.delay):
@@ -306,9 +329,11 @@ def main() -> None:
             for ranks in options.ranks:
                 root = Path(temporary, f"{form}_{ranks}")
                 start = time.perf_counter()
-                commit_seconds = build(root, form, ranks, options.keep, options.mp, options.shards)
+                commit_seconds, (started, checked) = build(root, form, ranks, options.keep, options.mp,
+                                                           options.shards)
                 print(f"built {form}, {ranks} ranks, {options.keep} iterations in {time.perf_counter() - start:.1f} s "
-                      f"(commit: {commit_seconds:.2f} s per save)", flush=True)
+                      f"(commit: {commit_seconds:.2f} s per save; its check started in {started * 1e3:.1f} ms, "
+                      f"took {checked:.2f} s in the background)", flush=True)
                 measure(root, form, ranks, options, old)
                 shutil.rmtree(root)
 

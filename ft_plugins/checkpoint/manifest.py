@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from typing import Any, Callable, Iterable, Mapping
 
 from ft_plugins.checkpoint.atomic import atomic_file
@@ -44,9 +45,10 @@ def beside(path: str) -> str:
     return f"{path}.{MANIFEST}"
 
 
-def sample_digest(path: str, size: int) -> str:
+def sample_digest(path: str, size: int, known_regular: bool = False) -> str:
+    """A digest of the file's head and tail (bounded reads; ``known_regular``: see :func:`open_regular`)."""
     digest = hashlib.blake2b(digest_size=16)
-    with open_regular(path) as handle:
+    with open_regular(path, known_regular) as handle:
         digest.update(handle.read(_HEAD))
         if size > _HEAD:
             handle.seek(max(_HEAD, size - _TAIL))
@@ -137,27 +139,48 @@ def listed_files(manifest: dict[str, Any] | str | None, base: str) -> list[str]:
 
 
 def manifest_problems(manifest: dict[str, Any] | str | None, base: str, deep: bool = False,
-                      stat_of: Callable[[str], os.stat_result] = os.stat) -> list[str] | None:
+                      stat_of: Callable[[str], os.stat_result] = os.stat,
+                      damaged: set[str] | None = None) -> list[str] | None:
     """What does not match a manifest (:func:`manifest_or_problem`; file paths relative to ``base``); None:
-    no manifest. ``stat_of`` gives each file's size (a check's one stat of it)."""
+    no manifest. ``stat_of`` gives each file's size (a check's one stat of it). Files missing or of another
+    size are named without reading any file (their paths added to ``damaged``): that alone refuses the
+    checkpoint; else each file's content is compared."""
     if manifest is None:
         return None
     if isinstance(manifest, str):
         return [manifest]
     entries = sorted(manifest["files"].items())
-    found = each(lambda entry: _entry_problem(base, entry[0], entry[1], deep, stat_of), entries)
+    statuses = each(lambda entry: _status_or_problem(base, entry[0], entry[1], stat_of), entries)
+    sized = [(rel, status) for (rel, _), status in zip(entries, statuses) if isinstance(status, str)]
+    if sized:
+        (damaged if damaged is not None else set()).update(os.path.join(base, rel) for rel, _ in sized)
+        return [problem for _, problem in sized]
+    found = each(lambda pair: _content_problem(base, *pair[0], pair[1], deep), zip(entries, statuses))
     return [problem for problem in found if problem]
 
 
-def _entry_problem(base: str, rel: str, expected: dict[str, Any], deep: bool,
-                   stat_of: Callable[[str], os.stat_result]) -> str | None:
-    """What does not match one manifest entry: its size, then its sample digest, then (deep) its SHA-256."""
+def _status_or_problem(base: str, rel: str, expected: dict[str, Any],
+                       stat_of: Callable[[str], os.stat_result]) -> os.stat_result | str:
+    """One manifest entry's file as stat-ed, or what is wrong with it short of reading it."""
+    try:
+        status = stat_of(os.path.join(base, rel))
+    except FileNotFoundError:
+        return f"{rel}: listed in the manifest but missing"
+    except OSError as exc:
+        return f"{rel}: unreadable ({exc.strerror or exc})"
+    if not stat.S_ISREG(status.st_mode):
+        return f"{rel}: not a regular file (a directory, device or FIFO)"
+    if status.st_size != expected["size"]:
+        return f"{rel}: {status.st_size} bytes, the manifest says {expected['size']}"
+    return status
+
+
+def _content_problem(base: str, rel: str, expected: dict[str, Any], status: os.stat_result,
+                     deep: bool) -> str | None:
+    """What does not match one manifest entry's content: its sample digest, then (deep) its SHA-256."""
     file_path = os.path.join(base, rel)
     try:
-        size = stat_of(file_path).st_size
-        if size != expected["size"]:
-            return f"{rel}: {size} bytes, the manifest says {expected['size']}"
-        if sample_digest(file_path, size) != expected["sample"]:
+        if sample_digest(file_path, status.st_size, known_regular=True) != expected["sample"]:
             return f"{rel}: content differs from the manifest (a file from another save or run)"
         if deep and "sha256" in expected and full_digest(file_path) != expected["sha256"]:
             return f"{rel}: SHA-256 differs from the manifest"

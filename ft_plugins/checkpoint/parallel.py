@@ -11,21 +11,26 @@ from typing import Callable, Iterable, TypeVar
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 
-WORKERS = 64  # requests in flight: what a parallel file system's client sustains without queueing
-_INLINE = 32  # the first calls run in the calling thread: fewer items than this never start threads
+WORKERS = 32  # requests in flight; more threads only take turns at the interpreter lock (64: twice the CPU)
+_PROBE = 8  # calls run here before each look at whether they waited
+_INLINE = 32  # at most this many calls run here: fewer items than this never start threads
 _WAITING = 20e-6  # seconds a call waits beyond its own CPU time, on average, before threads are worth it
 
 
 def each(function: Callable[[Item], Result], items: Iterable[Item]) -> list[Result]:
-    """``[function(item) for item in items]``, in order. The first _INLINE calls run here; when they waited
-    on the file system (wall time above this thread's CPU time), the rest run over up to WORKERS threads each
-    taking a contiguous slice (one task per thread, not per item). The first exception raised is raised."""
+    """``[function(item) for item in items]``, in order. Calls run here, _PROBE at a time, up to _INLINE; as
+    soon as those run so far waited on the file system (wall time above this thread's CPU time), the rest run
+    over up to WORKERS threads each taking a contiguous slice (one task per thread, not per item). The first
+    exception raised is raised."""
     items = list(items)
     wall, cpu = time.perf_counter(), time.thread_time()
-    results = [function(item) for item in items[:_INLINE]]
-    rest = items[_INLINE:]
-    waited = (time.perf_counter() - wall) - (time.thread_time() - cpu)
-    if len(rest) < 2 or waited < _WAITING * _INLINE:
+    results: list[Result] = []
+    waited = False
+    while not waited and len(results) < min(_INLINE, len(items)):
+        results += [function(item) for item in items[len(results):len(results) + _PROBE]]
+        waited = (time.perf_counter() - wall) - (time.thread_time() - cpu) >= _WAITING * len(results)
+    rest = items[len(results):]
+    if len(rest) < 2 or not waited:
         return results + [function(item) for item in rest]
     workers = min(WORKERS, len(rest) // 2)
     bounds = [len(rest) * part // workers for part in range(workers + 1)]

@@ -18,11 +18,13 @@ class NotRegularFile(OSError):
     """A path that is a device, FIFO, socket or directory where a checkpoint file belongs."""
 
 
-def open_regular(path: str) -> IO[bytes]:
-    """Open ``path`` for reading only if it is a regular file (a FIFO would block, ``/dev/zero`` never ends)."""
+def open_regular(path: str, known_regular: bool = False) -> IO[bytes]:
+    """Open ``path`` for reading only if it is a regular file (a FIFO would block, ``/dev/zero`` never ends).
+    ``known_regular``: a stat of the caller's just found it so, and the caller reads a bounded amount; it is not
+    asked again (one metadata operation less; non-blocking, so a FIFO swapped in since reads as empty)."""
     descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
-        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        if not known_regular and not stat.S_ISREG(os.fstat(descriptor).st_mode):
             raise NotRegularFile(f"{path} is not a regular file")
         return os.fdopen(descriptor, "rb")
     except BaseException:

@@ -155,16 +155,18 @@ class _Examiner:
 
     def _checked(self, candidate: Candidate, files: dict[str, str], manifests: dict[str, dict[str, Any] | str | None],
                  stat_of: Callable[[str], os.stat_result]) -> tuple[list[str], list[str], list[str]]:
-        """The full check: each manifest compared with the files, each file probed (side by side); kinds and
-        sizes by ``stat_of``."""
-        manifest_found, uncommitted = [], []
+        """The full check: each manifest compared with the files, then each file probed (side by side), only
+        those missing or of another size when a manifest names such; kinds and sizes by ``stat_of``."""
+        manifest_found, uncommitted, damaged = [], [], set()
         for manifest, base in candidate.manifests:
-            found = manifest_problems(manifests[manifest], base, self.deep, stat_of)
+            found = manifest_problems(manifests[manifest], base, self.deep, stat_of, damaged)
             whose = _whose(candidate, base)
             if found is None:
                 uncommitted.append(f"{whose}{os.path.basename(manifest)}")
             else:
                 manifest_found += [f"{whose}{problem}" for problem in found]
+        if manifest_found:  # refused already: a damaged newest costs its stats and the probes of its damaged files
+            files = {role: path for role, path in files.items() if path in damaged}
         reasons = each(lambda path: probe(path, self.deep, stat_of), files.values())
         return manifest_found, uncommitted, [f"{role}: {reason}" for role, reason in zip(files, reasons) if reason]
 

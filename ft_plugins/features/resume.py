@@ -75,12 +75,12 @@ class Resume(Feature):
             names = ", ".join(os.path.basename(skipped.path) for skipped in selection.skipped[:5])
             more = f" and {len(selection.skipped) - 5} more" if len(selection.skipped) > 5 else ""
             raise NoIntactCheckpoint(
-                f"{directory} holds checkpoints but none is intact (skipped {names}{more}: rank 0 logs why); "
-                "fix or remove them, or set FT_PLUGINS_RESUME_ALLOW_SCRATCH=1 to start from scratch",
+                f"{directory} holds checkpoints but none is intact (skipped {names}{more}: rank 0 logs why), "
+                f"{checked}; fix or remove them, or set FT_PLUGINS_RESUME_ALLOW_SCRATCH=1 to start from scratch",
                 [(skipped.path, skipped.reason) for skipped in selection.skipped])
         else:
-            log.warning("resume: no intact checkpoint in %s; starting from scratch (allow_scratch is on)",
-                        directory)
+            log.warning("resume: no intact checkpoint in %s (%s); starting from scratch (allow_scratch is on)",
+                        directory, checked)
         return selection
 
     def commit(self, checkpoint: str) -> str | None:

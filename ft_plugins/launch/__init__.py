@@ -7,3 +7,8 @@ variables (``LD_PRELOAD`` included); ``doctor`` and ``k8s`` check a node and edi
 import os
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
+
+
+def without_bootstrap(value: str) -> str:
+    """A ``PYTHONPATH`` without the bootstrap: for helper processes, which must not act as a worker."""
+    return os.pathsep.join(p for p in value.split(os.pathsep) if p and os.path.abspath(p) != BOOTSTRAP_DIR)

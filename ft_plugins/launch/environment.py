@@ -17,7 +17,7 @@ from ft_plugins import config
 from ft_plugins.faults import parse_faults
 from ft_plugins.features import declared_options
 from ft_plugins.features.hangs import Bounds
-from ft_plugins.launch import BOOTSTRAP_DIR
+from ft_plugins.launch import BOOTSTRAP_DIR, without_bootstrap
 from ft_plugins.vendors import cann, taskd
 
 PRELOAD_VAR = "LD_PRELOAD"
@@ -139,10 +139,6 @@ def msrun_python(env: Mapping[str, str], taskd_on: bool) -> str | None:
         return None
     return (f"msrun starts workers with `python` = {executable}, which cannot import {', '.join(missing)}: "
             "put the environment holding them first on PATH")
-
-
-def without_bootstrap(value: str) -> str:
-    return os.pathsep.join(p for p in value.split(os.pathsep) if p and os.path.abspath(p) != BOOTSTRAP_DIR)
 
 
 def is_torchrun(command: Sequence[str]) -> bool:

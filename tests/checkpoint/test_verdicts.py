@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 import warnings
@@ -20,7 +21,7 @@ from ft_plugins.checkpoint import commit, find_latest
 from ft_plugins.checkpoint import select as select_module
 from ft_plugins.checkpoint.distcp import storage_extents
 from ft_plugins.checkpoint.verdicts import VERDICT_FILE
-from ft_plugins.features.resume import Resume
+from ft_plugins.features.resume import NoIntactCheckpoint, Resume
 
 
 def _save(root: Path, iteration: int, dist: bool) -> Path:
@@ -213,6 +214,13 @@ def test_resume_says_what_the_check_cost(save: Path, caplog: pytest.LogCaptureFi
     assert any(line.startswith(f"resume: newest checkpoint {save / 'iter_0000004'} is intact (checked in ")
                and line.endswith(" s)") for line in lines), lines
     assert any(line.startswith(f"resume: using {save / 'iter_0000002'} instead (checked in ") for line in lines), lines
+    os.truncate(_data_file(save / "iter_0000002"), 10)
+    with pytest.raises(NoIntactCheckpoint, match=r"rank 0 logs why\), checked in \d+\.\d s; fix or remove"):
+        resume.choose(str(save))
+    resume.settings["allow_scratch"] = True
+    with caplog.at_level(logging.INFO, logger="ft_plugins"):
+        resume.choose(str(save))
+    assert caplog.records[-1].getMessage().startswith(f"resume: no intact checkpoint in {save} (checked in ")
 
 
 def _text(value: str) -> bytes:
@@ -235,7 +243,7 @@ def test_metadata_reader_imports_and_calls_nothing_the_file_names(tmp_path: Path
 
 
 def test_calls_that_wait_on_the_file_system_go_side_by_side_in_order() -> None:
-    """What a slow metadata server costs is waiting, which threads overlap: once the first calls of a batch
+    """What a slow metadata server costs is waiting, which threads overlap: once the first few calls of a batch
     waited (here 1 ms each), the rest run over the check's threads, and every result keeps its place."""
     import threading
 
@@ -247,5 +255,54 @@ def test_calls_that_wait_on_the_file_system_go_side_by_side_in_order() -> None:
 
     results = each(waiting, range(200))
     assert [item for item, _ in results] == list(range(200))
-    assert {name for _, name in results[:32]} == {threading.current_thread().name}
-    assert all(name.startswith("ft-ckpt-check") for _, name in results[32:])
+    assert {name for _, name in results[:8]} == {threading.current_thread().name}
+    assert all(name.startswith("ft-ckpt-check") for _, name in results[8:])
+
+
+def test_a_large_save_is_judged_at_commit_in_a_process_of_its_own(save: Path, probes: list[str],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The verdict written at commit: a restart after it probes nothing. Started while a training thread holds
+    a lock (fork and exec run no Python in between: nothing held is inherited); a small save gets no process,
+    and a save removed before its check leaves nothing behind."""
+    import threading
+
+    from ft_plugins.checkpoint import judging
+
+    newest = save / "iter_0000004"
+    assert judging.judge_later(str(newest)) is None  # two entries: its check at start costs milliseconds
+    monkeypatch.setattr(judging, "WORTH", 1)
+    held, release = threading.Event(), threading.Event()
+    holder = threading.Thread(target=lambda: (logging._lock.acquire(), held.set(), release.wait(),  # type: ignore
+                                              logging._lock.release()))  # type: ignore
+    holder.start()
+    held.wait()
+    try:
+        process = judging.judge_later(str(newest))
+        assert process is not None and process.wait(timeout=120) == 0
+    finally:
+        release.set()
+        holder.join()
+    assert (newest / VERDICT_FILE).is_file()
+    assert find_latest(save).path == str(newest) and probes == []
+    shutil.rmtree(save / "iter_0000002")
+    assert judging.judge_later(str(save / "iter_0000002")) is None and not (save / "iter_0000002").exists()
+
+
+def test_a_newest_damaged_after_its_commit_is_refused_on_its_stats(save: Path, probes: list[str],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file of another size than its manifest says refuses the checkpoint before any file is read: no
+    content is compared, and only the damaged file is probed, to say what is wrong with it."""
+    from ft_plugins.checkpoint import manifest
+
+    digested: list[str] = []
+    real = manifest.sample_digest
+    monkeypatch.setattr(manifest, "sample_digest", lambda path, *args, **kwargs: (digested.append(path),
+                                                                                real(path, *args, **kwargs))[1])
+    newest = save / "iter_0000004"
+    damaged = _data_file(newest)
+    os.truncate(damaged, 10)
+    selection = find_latest(save)
+    assert selection.path == str(save / "iter_0000002")
+    assert "10 bytes, the manifest says" in selection.skipped[0].reason, selection.skipped
+    assert [path for path in probes if path.startswith(str(newest))] == [str(damaged)]
+    assert not [path for path in digested if path.startswith(str(newest))] and digested

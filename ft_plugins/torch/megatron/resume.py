@@ -132,12 +132,17 @@ class MegatronResume:
             checkpointing.schedule_async_save = schedule
 
     def _commit(self, checkpointing: Any, iteration: int | None, release: bool) -> None:
-        """Rank 0 writes the manifest once every rank finished the save; never raises into training."""
+        """Rank 0 writes the manifest once every rank finished the save, and has a large save checked in the
+        background (its verdict is there for the next start); never raises into training."""
         try:
             megatron_args = checkpointing.get_args()
             if _rank() != 0 or iteration is None or not getattr(megatron_args, "save", None):
                 return
-            self.feature.commit(os.path.join(megatron_args.save, "release" if release else f"iter_{iteration:07d}"))
+            checkpoint = os.path.join(megatron_args.save, "release" if release else f"iter_{iteration:07d}")
+            if self.feature.commit(checkpoint):
+                from ft_plugins.checkpoint.judging import judge_later
+
+                judge_later(checkpoint, self.feature.settings["deep"])
         except Exception as exc:  # never into training
             log.warning("resume: commit after save failed: %s: %s", type(exc).__name__, exc)
 
