@@ -6,7 +6,7 @@ the example's GPT (``examples/megatron_gpt``, bf16, Adam) with the hidden size t
 take one optimizer step, so the optimizer holds its fp32 masters and both moments. Then, rounds
 alternating which writer goes first:
   dump  ``ttp``'s built-in engine as a SIGTERM runs it: ``MegatronDump.save`` on the frozen step (the
-        writer in ``ft_plugins/torch/megatron_dump.py``, the commit in ``ft_plugins/checkpoint/dump.py``)
+        writer in ``ft_plugins/torch/megatron/dump.py``, the commit in ``ft_plugins/checkpoint/dump.py``)
   save  ``megatron.training.checkpointing.save_checkpoint`` (``--ckpt-format torch``)
 Phases, timed inside the real calls: state (``generate_state_dict``; on a GPU the device-to-host copy is
 torch.save's, inside serialization), serialization (``torch.save`` minus its records' writes), write (the
@@ -129,7 +129,7 @@ def worker(options: argparse.Namespace) -> None:
     optimizer.step()  # Adam's moments exist from here on, as in any save after the first step
 
     from ft_plugins.steps import FORWARD, Frozen
-    from ft_plugins.torch.megatron_dump import MegatronDump, MegatronStep
+    from ft_plugins.torch.megatron.dump import MegatronDump, MegatronStep
 
     phases = Phases()
     phases.wrap(checkpointing, "generate_state_dict", "state")
