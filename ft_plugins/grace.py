@@ -51,7 +51,7 @@ class Measured:
 def record(save_dir: str, measured: Measured) -> None:
     """Add ``measured`` to the save directory's recent writes; a failure is logged, never raised into training.
     Writers recording at the same moment may drop one another's entry (each rename is whole): one write less."""
-    kept = [*_history(save_dir), measured][-HISTORY:]
+    kept = [*recorded(save_dir), measured][-HISTORY:]
     try:
         with atomic_file(os.path.join(save_dir, RECORD)) as handle:
             json.dump({"writes": [asdict(write) for write in kept]}, handle)
@@ -62,7 +62,7 @@ def record(save_dir: str, measured: Measured) -> None:
 def measured(save_dir: str | None) -> Measured | None:
     """What the estimate rests on: the largest write recorded in ``save_dir`` at the slowest speed recorded;
     None when none was (or the record is unreadable)."""
-    writes = _history(save_dir) if save_dir else []
+    writes = recorded(save_dir) if save_dir else []
     if not writes:
         return None
     slowest = min(writes, key=lambda write: write.speed)
@@ -73,7 +73,7 @@ def measured(save_dir: str | None) -> Measured | None:
                     f"{slowest.what}, the slowest of the {len(writes)} writes recorded")
 
 
-def _history(save_dir: str) -> list[Measured]:
+def recorded(save_dir: str) -> list[Measured]:
     """The recorded writes, oldest first (a record of one write, as earlier releases kept, is read too)."""
     try:
         with open(os.path.join(save_dir, RECORD), "rb") as handle:

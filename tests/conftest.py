@@ -146,3 +146,23 @@ def no_ft_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith("FT_PLUGINS"):
             monkeypatch.delenv(name)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def no_events_left_behind() -> Any:
+    """The job's events are a process's: a module whose in-process training began them (MindSpore's ``Model.train``
+    keeps them beside its checkpoints) would leave later modules' Megatron glue hooking their steps. Ended after
+    each module, with the job's name the record set in the environment."""
+    from ft_plugins import events
+    from ft_plugins.config import EVENTS_JOB_VAR
+
+    recorder, job = events._recorder, os.environ.get(EVENTS_JOB_VAR)
+    yield
+    if events._recorder is not recorder:
+        if events._recorder is not None and events._recorder.pid == os.getpid():
+            os.close(events._recorder.fd)
+        events._recorder = recorder
+    if job is None:
+        os.environ.pop(EVENTS_JOB_VAR, None)
+    else:
+        os.environ[EVENTS_JOB_VAR] = job

@@ -158,6 +158,8 @@ class DumpEngine:
                     if snapshot is not None:  # at once: msrun's SIGKILL may come at its next poll, any moment
                         self.dump_safely(reason)
                         written = snapshot.step
+                    else:
+                        recording.written()
                 elif started is not None and self.durations and now - started > self._stall():
                     recording.noticed(f"the step has run for over {self._stall():.1f} s", "hang")
                     self.dump_safely(f"the step has run for over {self._stall():.1f} s")
@@ -178,8 +180,11 @@ class DumpEngine:
             self.dump(reason)
         except Exception as exc:  # the watcher keeps watching (SIGTERM may still come)
             log.warning("ttp: %s, but the dying-gasp checkpoint failed: %s: %s", reason, type(exc).__name__, exc)
+        finally:
+            recording.written()
 
     def _on_sigterm(self) -> None:
+        self.stopped.set()  # this rank's own end: a peer ending after it is no fault of that peer
         recording.noticed("SIGTERM", "signal")
         self.dump_safely("SIGTERM")
         exit_now(EXIT_ON_SIGTERM)

@@ -47,17 +47,21 @@ def peers_lost(ranks: list[int | None]) -> None:
     """Worker processes of this node exited: each a fault of its rank, seen by this survivor."""
     for rank in ranks:
         events.emit("fault", rank=rank, kind="death", noticed="peer")
-    events.flush()
 
 
 def noticed(reason: str, kind: str) -> None:
     """This rank's own dying gasp begins (``signal``: SIGTERM; ``hang``: its step stalled)."""
     events.emit("gasp", reason=reason, kind=kind)
-    events.flush()
 
 
 def dumped(step: int, seconds: float) -> None:
     events.emit("dump", step=step, seconds=round(seconds, 4), committed=True)
+
+
+def written() -> None:
+    """The record on disk once the dying gasp is: the fault's events are kept in memory until then, so that no
+    write of theirs delays the dump (msrun's SIGKILL follows a death within a second)."""
+    events.flush()
 
 
 class EventsCallback(Callback):

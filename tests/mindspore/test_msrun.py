@@ -178,13 +178,13 @@ def test_the_dump_and_the_regular_saves_record_their_writes_for_the_grace(dumped
     rank 0's ModelCheckpoint saves; a state this small fits msrun's second, so nothing is said."""
     from ft_plugins import grace
 
-    measured = grace.measured(str(dumped.root))
-    assert measured.what == "dump of step 14"
-    assert measured.written == sum((dumped.root / f"rank_{rank}" / "net-2_6.ckpt").stat().st_size
-                                   for rank in range(WORKERS))
-    measured = grace.measured(str(finished.root))
-    saved = finished.root / "rank_0" / measured.what.removeprefix("save ")
-    assert measured.what.startswith("save net_") and measured.written == saved.stat().st_size
+    last = grace.recorded(str(dumped.root))[-1]
+    assert last.what == "dump of step 14"
+    files = [dumped.root / f"rank_{rank}" / "net-2_6.ckpt" for rank in range(WORKERS)]
+    assert last.written == sum(path.stat().st_size for path in files)
+    last = grace.recorded(str(finished.root))[-1]
+    saved = finished.root / "rank_0" / last.what.removeprefix("save ")
+    assert last.what.startswith("save net_") and last.written == saved.stat().st_size
     assert "longer than msrun's grace" not in dumped.log(0) + finished.log(0)
 
 
