@@ -40,7 +40,7 @@ def directory(env: Mapping[str, str], argv: Sequence[str]) -> str | None:
     chosen = env.get(EVENTS_VAR, "").strip()
     if chosen:
         return None if chosen.lower() in OFF else chosen
-    save = option(argv, "--save") or option(argv, "--output_dir") or option(argv, "--output-dir")
+    save = option(argv, "--save") or option(argv, "--output_dir", "--output-dir")
     return os.path.join(save, FOLDER) if save else None
 
 
@@ -67,14 +67,15 @@ def process_started() -> float:
         return time.time()
 
 
-def option(argv: Sequence[str], name: str) -> str | None:
-    """The value of ``name`` (``--name V`` or ``--name=V``) on a command line, the last one given."""
+def option(argv: Sequence[str], *names: str) -> str | None:
+    """The value of an option (``--name V`` or ``--name=V``) spelled any of ``names`` on a command line, the last one
+    given, as argparse takes it."""
     found = None
     for index, arg in enumerate(argv):
-        if arg == name and index + 1 < len(argv):
+        if arg in names and index + 1 < len(argv):
             found = argv[index + 1]
-        elif arg.startswith(name + "="):
-            found = arg[len(name) + 1:]
+        elif arg.startswith("--") and "=" in arg and arg.split("=", 1)[0] in names:
+            found = arg.split("=", 1)[1]
     return found
 
 
@@ -82,7 +83,7 @@ def job_id(argv: Sequence[str]) -> str:
     """The job's name on every node, for the launcher to give its workers (``FT_PLUGINS_EVENTS_JOB``): torchrun's
     ``--rdzv-id`` when given, else this (launching) process's id. Without it a worker takes torchrun's run id, else
     its parent's id."""
-    rdzv = option(argv, "--rdzv-id") or option(argv, "--rdzv_id")
+    rdzv = option(argv, "--rdzv-id", "--rdzv_id")
     return rdzv if rdzv and rdzv != "none" else f"pid{os.getpid()}"
 
 

@@ -153,9 +153,9 @@ def save_dir_of(command: Sequence[str]) -> str | None:
 
 def shutdown_given(command: Sequence[str], env: Mapping[str, str]) -> float | None:
     """The shutdown timeout a torchrun command sets itself (its flag, else its variable), if any."""
-    given = [value for value in (option(command, flag) for flag in SHUTDOWN_FLAGS) if value is not None]
-    if given:
-        return _seconds(given[-1])
+    given = option(command, *SHUTDOWN_FLAGS)
+    if given is not None:
+        return _seconds(given)
     return _seconds(env[SHUTDOWN_VAR]) if SHUTDOWN_VAR in env else None
 
 

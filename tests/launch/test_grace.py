@@ -127,6 +127,7 @@ def test_the_command_line_is_read_as_argparse_reads_it() -> None:
     assert grace.shutdown_given(command, {grace.SHUTDOWN_VAR: "50"}) == 12.0
     assert grace.shutdown_given([TORCHRUN, "train.py"], {grace.SHUTDOWN_VAR: "50"}) == 50.0
     assert grace.shutdown_given([TORCHRUN, "--shutdown-timeout", "soon"], {}) is None
+    assert grace.shutdown_given([TORCHRUN, "--shutdown_timeout=12", "--shutdown-timeout", "5"], {}) == 5.0
 
 
 def test_run_says_the_grace_at_start_and_hands_it_to_torchrun(tmp_path: Path) -> None:
