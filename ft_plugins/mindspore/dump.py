@@ -7,7 +7,8 @@ step end (every parameter of the train network: weights, optimizer state, step c
 rate), and a watcher thread writes that copy when
 
 - a worker of this node exits while this rank is inside a step (its process is polled every 20 ms): at
-  once, and again if the step in flight completes (its AllReduce may have completed before the loss),
+  once, and again as soon as the step in flight completes (its AllReduce may have completed before the loss);
+  a dump of the older copy still under way then stops between two files, so the newer one is not kept waiting,
 - a step has run for longer than ``STALL_STEPS`` times the median step, and at least ``STALL_FLOOR``
   seconds (a peer lost on another node), or
 - SIGTERM arrives (a preemption, or ``ft-plugins run`` stopping msrun): written, then the process exits 143.
@@ -54,7 +55,6 @@ log = logging.getLogger("ft_plugins.ttp")
 POLL = 0.02
 STALL_STEPS = 10
 STALL_FLOOR = 3.0
-SETTLE_FLOOR = 0.2
 
 
 class Snapshot(NamedTuple):
@@ -98,6 +98,7 @@ class DumpEngine:
     # -- the training thread ----------------------------------------------------------------------
     def begin(self, cb_params: Any) -> None:
         self.target = self._target(cb_params)
+        _clear_cut_short(self.target.directory)
         self.speed = WriteSpeed(save_root(self.target.directory))
         self.untime = self.speed.timed_saves(checkpoint_callback(cb_params))
         self.peers = _local_peers()
@@ -143,16 +144,15 @@ class DumpEngine:
     # -- the watcher ------------------------------------------------------------------------------
     def _watch(self) -> None:
         """A lost peer: the copy of the last completed step is written at once (msrun's SIGKILL follows within a
-        second); the step in flight may still complete (its AllReduce may be done), so a newer step completed
-        meanwhile is written too, once this rank is inside a step begun after the loss or the step in flight
-        has had ``_settle()`` to end."""
-        lost_at, reason, written = None, "", 0
+        second); the step in flight may still complete (its AllReduce may be done), and its copy is then written
+        too, at once: a step begun after the loss cannot complete."""
+        reason, written = "", 0  # the loss seen (none yet), the newest step written since
         while not self.stopped.wait(POLL):
-            started, snapshot, now = self.step_started, self.snapshot, time.monotonic()
-            if lost_at is None:
+            started, snapshot = self.step_started, self.snapshot
+            if not reason:
                 lost = [pid for pid in self.peers if not alive(pid)] if started is not None else []
                 if lost:
-                    lost_at, self.peers = now, [pid for pid in self.peers if pid not in lost]
+                    self.peers = [pid for pid in self.peers if pid not in lost]
                     reason = f"worker process {', '.join(map(str, lost))} of this node exited"
                     recording.peers_lost([self.peer_ranks.get(pid) for pid in lost])
                     if snapshot is not None:  # at once: msrun's SIGKILL may come at its next poll, any moment
@@ -160,20 +160,16 @@ class DumpEngine:
                         written = snapshot.step
                     else:
                         recording.written()
-                elif started is not None and self.durations and now - started > self._stall():
+                elif started is not None and self.durations and time.monotonic() - started > self._stall():
                     recording.noticed(f"the step has run for over {self._stall():.1f} s", "hang")
                     self.dump_safely(f"the step has run for over {self._stall():.1f} s")
                     self.step_started = None  # once per stall
-            elif snapshot is not None and snapshot.step > written and (
-                    (started is not None and started > lost_at) or now - lost_at > self._settle()):
+            elif snapshot is not None and snapshot.step > written:
                 self.dump_safely(reason)
                 written = snapshot.step
 
     def _stall(self) -> float:
         return max(STALL_FLOOR, STALL_STEPS * statistics.median(self.durations))
-
-    def _settle(self) -> float:
-        return max(SETTLE_FLOOR, 2 * statistics.median(self.durations)) if self.durations else SETTLE_FLOOR
 
     def dump_safely(self, reason: str) -> None:
         try:
@@ -198,8 +194,15 @@ class DumpEngine:
                 log.warning("ttp: %s, but no step has completed yet: nothing to write", reason)
                 return []
             started = time.monotonic()
-            ranks = range(target.ranks) if target.per_rank else [None]
-            written = [path for rank in ranks if (path := self._write(snapshot, target, rank)) is not None]
+            written = []
+            for rank in range(target.ranks) if target.per_rank else [None]:
+                newer = self.snapshot
+                if newer is not None and newer.step > snapshot.step:  # the rest waits for the newer copy's dump
+                    log.warning("ttp: the dump of step %d stops for the newer step %d, completed meanwhile",
+                                snapshot.step, newer.step)
+                    break
+                if (path := self._write(snapshot, target, rank)) is not None:
+                    written.append(path)
         if written:
             seconds = time.monotonic() - started
             if self.speed is not None:
@@ -223,7 +226,8 @@ class DumpEngine:
         directory = target.directory if rank is None else os.path.join(save_root(target.directory), f"rank_{rank}")
         prefix = target.prefix if rank is None else re.sub(rf"rank_{me}(?=_|$)", f"rank_{rank}", target.prefix)
         path = os.path.join(directory, f"{prefix}-{snapshot.epoch}_{snapshot.step_in_epoch}.ckpt")
-        claim = os.path.join(directory, f".ft_ttp_claim-{os.path.basename(path)}")
+        # not named *.ckpt: one left by a dump cut short must not read as a broken checkpoint at resume
+        claim = os.path.join(directory, f".ft_ttp_claim-{os.path.basename(path).removesuffix('.ckpt')}")
         os.makedirs(directory, exist_ok=True)
         try:
             os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
@@ -269,6 +273,18 @@ class DumpEngine:
         ranks = get_group_size() if GlobalComm.INITED else 1
         per_rank = save_root(directory) != os.path.normpath(directory)
         return Target(directory, per_rank, prefix, ranks, append)
+
+
+def _clear_cut_short(directory: str) -> None:
+    """Remove what a dump SIGKILLed mid-write left in this rank's directory: its claims and staging folders.
+    A claim left would keep every later launch from dumping that step. No dump runs yet: every rank begins
+    before any step completes (the first step's collectives wait for all)."""
+    for name in os.listdir(directory) if os.path.isdir(directory) else []:
+        path = os.path.join(directory, name)
+        if name.startswith(".ft_ttp_claim-"):
+            os.unlink(path)
+        elif name.startswith(".ft_ttp-"):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _local_peers() -> list[int]:

@@ -106,6 +106,45 @@ def test_training_that_raises_writes_the_last_completed_step(no_tft: Any, tiny: 
         np.testing.assert_array_equal(ours[name].asnumpy(), theirs[name].asnumpy())
 
 
+def test_a_dump_cut_short_in_a_launch_before_does_not_keep_this_one_from_writing(no_tft: Any, tiny: Any,
+                                                                                   tmp_path: Path) -> None:
+    """A dump SIGKILLed mid-write (msrun's kill) leaves its claim and staging folder; the next launch clears
+    them at its start, so its own dump of that step is written, not skipped as another survivor's."""
+    from ft_plugins.mindspore import FaultTolerance
+
+    dumped = tmp_path / "dumped"
+    (dumped / ".ft_ttp-0").mkdir(parents=True)
+    (dumped / ".ft_ttp-0" / "tiny-2_2.ckpt").write_bytes(b"half")
+    (dumped / ".ft_ttp_claim-tiny-2_2").touch()
+    callback = FaultTolerance(features="ttp,resume")
+    with pytest.raises(RuntimeError, match="step 6 failed"):
+        tiny.model().train(2, tiny.dataset(), callbacks=[callback, tiny.checkpointing(dumped), Raise(6).callback])
+    assert (dumped / "tiny-2_2.ckpt").is_file()
+    assert not [path.name for path in dumped.iterdir() if path.name.startswith(".ft_ttp")]
+
+
+def test_a_dump_of_an_older_step_stops_between_files_once_a_newer_step_completed(no_tft: Any, tmp_path: Path) -> None:
+    """A peer lost while this rank still finishes the step the peer finished: the copy of the step before is
+    written at once, but stops at the next file once the newer step completed, which is then written whole."""
+    from ft_plugins.mindspore import FaultTolerance, dump
+
+    engine = _ttp_part(FaultTolerance(features="ttp,resume")).engine
+    engine.target = dump.Target(str(tmp_path / "rank_0"), True, "net", 2, {})
+    engine.snapshot = dump.Snapshot(2, 13, 5, [("weight", np.zeros(4, dtype=np.float32))])
+    write = engine._write
+
+    def completing_meanwhile(*args: Any) -> Any:
+        path = write(*args)
+        engine.snapshot = dump.Snapshot(2, 14, 6, [("weight", np.ones(4, dtype=np.float32))])
+        return path
+
+    engine._write = completing_meanwhile
+    assert engine.dump("a peer exited") == [str(tmp_path / "rank_0" / "net-2_5.ckpt")]
+    engine._write = write
+    assert engine.dump("a peer exited") == [str(tmp_path / f"rank_{rank}" / "net-2_6.ckpt") for rank in (0, 1)]
+    assert not (tmp_path / "rank_1" / "net-2_5.ckpt").exists()
+
+
 class Stall:
     """A callback whose step ``step`` begins stuck, as behind a lost peer, until ``until`` exists (60 s at most)."""
 
