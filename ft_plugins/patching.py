@@ -208,29 +208,53 @@ def _scan(replacements: Replacements, imported: str | None = None) -> None:
 
 
 _hooked: dict[str, list[Callable[[ModuleType], None]]] = {}
+_finishing: set[str] = set()  # hooked modules still being imported when hooked: run once their import ends
 
 
 def when_imported(module_name: str, callback: Callable[[ModuleType], None]) -> None:
-    """Run ``callback(module)`` now if imported, else right after the module is first imported."""
+    """Run ``callback(module)`` now if imported, else right after the module is first imported. A module
+    still being imported (a hook registered from inside its import: transformers 5's ``trainer_utils``
+    imports torch, whose import activates the glue, before it defines ``get_last_checkpoint``) counts as
+    imported once its import has ended."""
     callbacks = _hooked.get(module_name)
     if callbacks is None:
         callbacks = _hooked[module_name] = []
-
-        def run_all(module: ModuleType) -> None:
-            _importing.add(module_name)
-            try:
-                for registered in list(_hooked[module_name]):
-                    registered(module)
-            finally:
-                _importing.discard(module_name)
-
-        wrapt.register_post_import_hook(run_all, module_name)
-        if module_name in sys.modules:
-            # wrapt fires at once for an imported module; nothing was registered yet then.
-            callbacks.append(callback)
-            callback(sys.modules[module_name])
-            return
+        # fires at once, with nothing registered yet, for a module already in sys.modules
+        wrapt.register_post_import_hook(lambda module: _run_hooks(module_name, module), module_name)
     if callback not in callbacks:
         callbacks.append(callback)
-    if module_name in sys.modules:
-        callback(sys.modules[module_name])
+    module = sys.modules.get(module_name)
+    if module is not None and _being_imported(module):
+        _finishing.add(module_name)
+        if not any(isinstance(finder, _ImportsEnded) for finder in sys.meta_path):
+            sys.meta_path.insert(0, _ImportsEnded())
+    elif module is not None:
+        callback(module)
+
+
+def _run_hooks(module_name: str, module: ModuleType) -> None:
+    _finishing.discard(module_name)
+    _importing.add(module_name)
+    try:
+        for registered in list(_hooked[module_name]):
+            registered(module)
+    finally:
+        _importing.discard(module_name)
+
+
+def _being_imported(module: ModuleType) -> bool:
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+
+
+class _ImportsEnded:
+    """A meta path finder that finds nothing: asked at every import of a module not imported yet, it runs the
+    hooks of each module in ``_finishing`` whose import has ended (one ending in failure is dropped)."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
+        for module_name in list(_finishing):
+            module = sys.modules.get(module_name)
+            if module is None:
+                _finishing.discard(module_name)
+            elif not _being_imported(module):
+                _run_hooks(module_name, module)
+        return None

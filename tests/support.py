@@ -137,6 +137,15 @@ def assert_bit_identical(left: Path, right: Path,
     assert not different, different
 
 
+OUTSIDE_FLOOR = 2.0  # seconds: a time measured from outside the job errs by up to a step (its time varies on a loaded CPU)
+
+
+def assert_agrees(reported: float, outside: float, what: object) -> None:
+    """A time ``ft-plugins report`` gives against the same time measured from outside the job: within 10 %, or
+    :data:`OUTSIDE_FLOOR` where that is more."""
+    assert abs(reported - outside) <= max(0.1 * outside, OUTSIDE_FLOOR), (what, reported, outside)
+
+
 def kill_tree(pid: int) -> None:
     """SIGKILL a process and all its descendants: a hung job's workers too (torchrun starts each in a session
     of its own, so a process group does not reach them)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any, Iterator
 
 import pytest
@@ -34,7 +34,7 @@ def package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     (tmp_path / "ftp_late.py").write_text("from ftp_target import step\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     yield tmp_path
-    for name in ("ftp_target", "ftp_copier", "ftp_late", "ftp_watched"):
+    for name in ("ftp_target", "ftp_copier", "ftp_late", "ftp_watched", "ftp_partial", "ftp_activate", "ftp_next"):
         sys.modules.pop(name, None)
 
 
@@ -56,6 +56,25 @@ def test_a_module_imported_after_patching_has_every_copy_patched_and_restored(pa
     patches.remove()
     assert ftp_target.step() == ftp_copier.step() == ftp_late.step() == "original"
     assert Watched.read  # removing reads every module: a copy may be anywhere by then
+
+
+def test_a_set_applied_from_inside_the_import_of_its_module_waits_for_that_import_to_end(
+        package: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers 5's ``trainer_utils`` imports torch before it defines ``get_last_checkpoint``, and under
+    ``ft-plugins run`` torch's import activates the glue: the set is applied once that import has ended (at the
+    next import of anything), never refused as missing on the half-imported module."""
+    (package / "ftp_partial.py").write_text("import ftp_activate  # noqa\n\n\ndef step():\n    return 'original'\n")
+    (package / "ftp_activate.py").write_text("import ftp_hooks\n\nftp_hooks.activate()\n")
+    (package / "ftp_next.py").write_text("")
+    missing: list[Exception] = []
+    patches = PatchSet("test", (Patch("ftp_partial", "step", _wrapper),), lambda _set, error: missing.append(error))
+    monkeypatch.setitem(sys.modules, "ftp_hooks", SimpleNamespace(activate=patches.apply))
+    import ftp_partial
+    import ftp_next  # noqa: F401  (any import after it)
+
+    assert not missing and ftp_partial.step() == "patched original"
+    patches.remove()
+    assert ftp_partial.step() == "original"
 
 
 def test_patching_an_imported_module_reads_every_module(package: Path) -> None:

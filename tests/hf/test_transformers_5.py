@@ -18,13 +18,14 @@ from pathlib import Path
 import pytest
 
 from hf_runs import Job, run_trainer, same_state
-from support import NEWER_TRANSFORMERS, PYTHON
+from support import NEWER_TRANSFORMERS, PYTHON, assert_agrees
 
 from ft_plugins.checkpoint import verify
 from ft_plugins.checkpoint.manifest import MANIFEST
 
 NEWEST = {"PYTHONPATH": os.pathsep.join(filter(None, [str(NEWER_TRANSFORMERS), os.environ.get("PYTHONPATH")]))}
 ARGS = ("--steps", "10", "--save-steps", "2", "--limit", "2")
+TIMED = Path(__file__).resolve().parent / "fixtures" / "timed_train.py"  # the example with its steps' times
 
 
 def _on_newest(job: Job) -> None:
@@ -81,10 +82,13 @@ def test_dump_with_the_jit_saver_on_restart_bit_identical_and_the_report_names_t
         reference: Job, tmp_path: Path) -> None:
     """One launch, torchrun restarting the workers once: rank 1 SIGKILLed in forward of step 6, rank 0 dumps
     checkpoint-5, the restart resumes from it and ends bit-identical; ``ft-plugins report`` on the job's events
-    (the Trainer's steps, saves and dump) names the fault, met by dump + restart, no step lost."""
+    (the Trainer's steps, saves and dump) names the fault, met by dump + restart, no step lost, and its time to
+    training again agrees with the job's own step log: from rank 1's last step begin (its forward, killed) to the
+    restarted workers' first."""
     out = tmp_path / "out"
     job = run_trainer(tmp_path, out, *ARGS, "--jit-checkpoint", launcher=("--standalone", "--max-restarts", "1"),
-                      FT_PLUGINS="resume,ttp", FT_PLUGINS_INJECT_FAULT="rank=1,step=5,kind=kill,at=forward",
+                      script=TIMED, FT_TEST_STEP_LOG=str(tmp_path), FT_PLUGINS="resume,ttp",
+                      FT_PLUGINS_INJECT_FAULT="rank=1,step=5,kind=kill,at=forward",
                       FT_PLUGINS_EVENTS_DIR=str(out / "ft_events"), **NEWEST)
     _on_newest(job)
     dumps = job.lines("dumped")
@@ -98,6 +102,11 @@ def test_dump_with_the_jit_saver_on_restart_bit_identical_and_the_report_names_t
     report = json.loads(found.stdout)
     assert [(fault["rank"], fault["how"], fault["steps_lost"]) for fault in report["faults"]] == [
         (1, "dump + restart", 0)], report
-    assert 0 < report["faults"][0]["to_training"] < report["wall"], report
+    begins = [[json.loads(line) for line in (tmp_path / f"steps_{rank}.jsonl").read_text().splitlines()]
+              for rank in (0, 1)]
+    killed = [record["began"] for record in begins[1] if record["pid"] == begins[1][0]["pid"]][-1]
+    again = max(next(record["began"] for record in records if record["pid"] != records[0]["pid"])
+                for records in begins)
+    assert_agrees(report["faults"][0]["to_training"], again - killed, report["faults"][0])
     assert report["faults"][0]["phases"]["dump"] > 0, report
     assert 0 < report["goodput_percent"] < 100

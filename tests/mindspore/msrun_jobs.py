@@ -31,12 +31,21 @@ class Job:
     process: subprocess.Popen | None = None
     returncode: int | None = None
     stdout: str = ""
+    signalled: float | None = None  # the wall time the test sent the launcher SIGTERM at
 
     def steps(self, rank: int) -> list[int]:
         return [record["step"] for record in self._records(rank)]
 
     def losses(self, rank: int) -> dict[int, float]:
         return {record["step"]: record["loss"] for record in self._records(rank)}
+
+    def began(self, rank: int) -> dict[int, float]:
+        """Each step's wall time at its begin, from the job's own step log."""
+        return {record["step"]: record["began"] for record in self._records(rank)}
+
+    def killed(self, rank: int) -> float:
+        """The wall time ``rank`` SIGKILLed itself at (``FT_TEST_KILL``)."""
+        return float((self.out / f"killed_{rank}").read_text())
 
     def _records(self, rank: int) -> list[dict]:
         path = self.out / f"steps_{rank}.jsonl"

@@ -11,10 +11,10 @@ import subprocess
 import sys
 from datetime import datetime
 
+from support import assert_agrees
 from ttp_runs import Job
 
 LINE = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+)\] iteration +(\d+)/")
-FLOOR = 2.0  # seconds: the outside measure's own error (a step's time varies on a loaded CPU), when above 10 %
 
 
 def report(job: Job) -> dict:
@@ -42,6 +42,5 @@ def check_faults(job: Job, expected: list[tuple[int, str, str, int]]) -> None:
         (rank, kind, how) for rank, kind, how, _ in expected], found
     assert [fault["steps_lost"] for fault in found["faults"]] == [0] * len(expected)
     for fault, (*_, completed) in zip(found["faults"], expected):
-        outside = measured(job, completed)
-        assert abs(fault["to_training"] - outside) <= max(0.1 * outside, FLOOR), (fault, outside)
+        assert_agrees(fault["to_training"], measured(job, completed), fault)
     assert 0 < found["goodput_percent"] < 100
