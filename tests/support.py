@@ -137,7 +137,7 @@ def assert_bit_identical(left: Path, right: Path,
     assert not different, different
 
 
-OUTSIDE_FLOOR = 2.0  # seconds: a time measured from outside the job errs by up to a step (its time varies on a loaded CPU)
+OUTSIDE_FLOOR = 2.0  # seconds: a time measured from outside the job errs by up to a step (slow on a loaded CPU)
 
 
 def assert_agrees(reported: float, outside: float, what: object) -> None:
