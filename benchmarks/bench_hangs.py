@@ -5,6 +5,7 @@ Launches of ``examples/megatron_gpt/pretrain_gpt.py`` per round, all under ``ft-
 ``hangs`` on and the same arguments; rank 1 either SIGKILLed (a death) or stuck for good, deaf to SIGTERM (a hang),
 as the step after ``--fault`` completed steps begins:
   in place  FT_PLUGINS=ttp,recover,hangs                       (a fresh replacement process joins)
+  spare     the same with FT_PLUGINS_RECOVER_SPARES=1            (a spare forked by the template takes over)
   restart   FT_PLUGINS=ttp,resume,hangs, --max-restarts 1      (the survivors dump, torchrun restarts all four,
             they resume from the dump through --load)
 The step bound is the floor (``--floor``, the learned 5 x the slowest step is below it here), the grace before
@@ -14,6 +15,7 @@ two lines). Rounds alternate the four runs, so machine noise hits all alike. Pri
 death of each way, and the issue's goal: a hang costs less than twice a death plus the bound.
 
     python benchmarks/bench_hangs.py [--iters 30] [--fault 20] [--rounds 3] [--floor 3] [--grace 1]
+                                     [--ways "in place,spare,restart"]
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_recover import ITERATION, _run  # noqa: E402
 
-WAYS = {"in place": {"FT_PLUGINS": "ttp,recover,hangs"}, "restart": {"FT_PLUGINS": "ttp,resume,hangs"}}
+WAYS = {"in place": {"FT_PLUGINS": "ttp,recover,hangs", "FT_PLUGINS_RECOVER_SPARES": "0"},
+        "spare": {"FT_PLUGINS": "ttp,recover,hangs", "FT_PLUGINS_RECOVER_SPARES": "1"},
+        "restart": {"FT_PLUGINS": "ttp,resume,hangs"}}
 KINDS = {"death": "kill", "hang": "stuck"}
 
 
@@ -51,11 +55,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--floor", type=float, default=3.0, help="FT_PLUGINS_HANGS_FLOOR: the step bound here")
     parser.add_argument("--grace", type=float, default=1.0, help="FT_PLUGINS_HANGS_GRACE: SIGTERM to SIGKILL")
+    parser.add_argument("--ways", default="in place,spare,restart", help="a comma list of: " + ", ".join(WAYS))
     options = parser.parse_args()
+    unknown = [way for way in options.ways.split(",") if way not in WAYS]
+    if unknown:
+        parser.error(f"--ways: unknown {', '.join(unknown)}; choose from {', '.join(WAYS)}")
+    ways = {way: WAYS[way] for way in options.ways.split(",")}
     bounds = {"FT_PLUGINS_HANGS_FLOOR": str(options.floor), "FT_PLUGINS_HANGS_GRACE": str(options.grace)}
-    times: dict[tuple[str, str], list[float]] = {(way, kind): [] for way in WAYS for kind in KINDS}
+    times: dict[tuple[str, str], list[float]] = {(way, kind): [] for way in ways for kind in KINDS}
     for _ in range(options.rounds):
-        for way, env in WAYS.items():
+        for way, env in ways.items():
             for kind, fault in KINDS.items():
                 with tempfile.TemporaryDirectory() as tmp:
                     _, output = _run(Path(tmp), "dp4", options.iters, way == "restart", **env, **bounds,
@@ -66,7 +75,7 @@ def main() -> None:
                 print(f"{way:8s} {kind:5s} to training again {times[way, kind][-1]:6.2f} s", flush=True)
     median = {key: statistics.median(values) for key, values in times.items()}
     print(f"\nmedians of {options.rounds} rounds, step bound {options.floor:g} s, grace {options.grace:g} s:")
-    for way in WAYS:
+    for way in ways:
         death, hang = median[way, "death"], median[way, "hang"]
         goal = 2 * death + options.floor
         print(f"{way}: death {death:.2f} s, hang {hang:.2f} s, hang / death {hang / death:.2f}; "
