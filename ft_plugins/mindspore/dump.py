@@ -55,6 +55,9 @@ log = logging.getLogger("ft_plugins.ttp")
 POLL = 0.02
 STALL_STEPS = 10
 STALL_FLOOR = 3.0
+# a file of a dump is claimed first, then written in a staging folder: what a dump cut short leaves, cleared at start
+CLAIM_PREFIX = ".ft_ttp_claim-"  # not named *.ckpt: a claim left must not read as a broken checkpoint at resume
+STAGING_PREFIX = ".ft_ttp-"  # resume never sees half a file
 
 
 class Snapshot(NamedTuple):
@@ -226,14 +229,13 @@ class DumpEngine:
         directory = target.directory if rank is None else os.path.join(save_root(target.directory), f"rank_{rank}")
         prefix = target.prefix if rank is None else re.sub(rf"rank_{me}(?=_|$)", f"rank_{rank}", target.prefix)
         path = os.path.join(directory, f"{prefix}-{snapshot.epoch}_{snapshot.step_in_epoch}.ckpt")
-        # not named *.ckpt: one left by a dump cut short must not read as a broken checkpoint at resume
-        claim = os.path.join(directory, f".ft_ttp_claim-{os.path.basename(path).removesuffix('.ckpt')}")
+        claim = os.path.join(directory, f"{CLAIM_PREFIX}{os.path.basename(path).removesuffix('.ckpt')}")
         os.makedirs(directory, exist_ok=True)
         try:
             os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
         except FileExistsError:
             return None  # another survivor writes this file
-        staging = os.path.join(directory, f".ft_ttp-{me}")  # resume never sees half a file
+        staging = os.path.join(directory, f"{STAGING_PREFIX}{me}")
         try:
             if os.path.exists(path):
                 return None
@@ -281,9 +283,9 @@ def _clear_cut_short(directory: str) -> None:
     before any step completes (the first step's collectives wait for all)."""
     for name in os.listdir(directory) if os.path.isdir(directory) else []:
         path = os.path.join(directory, name)
-        if name.startswith(".ft_ttp_claim-"):
+        if name.startswith(CLAIM_PREFIX):
             os.unlink(path)
-        elif name.startswith(".ft_ttp-"):
+        elif name.startswith(STAGING_PREFIX):
             shutil.rmtree(path, ignore_errors=True)
 
 

@@ -15,7 +15,7 @@ from mindspore.train import Callback, RunContext
 from ft_plugins.features.resume import Resume
 from ft_plugins.features.ttp import Ttp
 from ft_plugins.mindspore.base import before_step_ends, checkpoint_callback, runtime_for
-from ft_plugins.mindspore.dump import DumpEngine
+from ft_plugins.mindspore.dump import STAGING_PREFIX, DumpEngine
 from ft_plugins.runtime import Runtime
 
 log = logging.getLogger("ft_plugins.mindspore")
@@ -194,7 +194,7 @@ class TtpCallback(Callback):
         append_dict.update(epoch_num=cb_params.cur_epoch_num, step_num=resumed_at + cb_params.cur_step_num)
         os.makedirs(directory, exist_ok=True)
         target = os.path.join(directory, name)
-        staging = tempfile.mkdtemp(prefix=".ft_ttp-", dir=directory)  # resume never sees half a file
+        staging = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=directory)
         try:
             partial = os.path.join(staging, name)
             save_checkpoint(cb_params.train_network, partial, integrated_save=False, append_dict=append_dict)
