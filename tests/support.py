@@ -177,9 +177,12 @@ def finish(process: subprocess.Popen, timeout: int) -> tuple[str, str]:
 
 def run_to_end(command: list[str], cwd: Path, env: dict[str, str], timeout: int) -> subprocess.CompletedProcess:
     """``subprocess.run`` with captured text output, except that a job still running after ``timeout`` seconds is
-    killed with all its workers and the test fails showing where it stood (not a bare ``TimeoutExpired``)."""
+    killed with all its workers and the test fails showing where it stood (not a bare ``TimeoutExpired``). The
+    whole output is kept in ``cwd/jobs.log``: a failure's message shows only its tail."""
     process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = finish(process, timeout)
+    with open(cwd / "jobs.log", "a") as log:  # every job run here, whole, for a post-mortem
+        log.write(f"$ {' '.join(command)}\n{out}\n{err}\nexit {process.returncode}\n\n")
     return subprocess.CompletedProcess(command, process.returncode, out, err)
 
 

@@ -6,10 +6,10 @@ inside torch's own look (a worker dying between the two): a worker that exited w
 process with the same ``RANK`` / ``LOCAL_RANK`` (and ``FT_PLUGINS_RECOVERY`` naming its generation), the generation
 is announced on the agent's store (:mod:`ft_plugins.recovery`), and the other workers are never signalled.
 torchrun's own handling runs instead, which ends in ``ttp``'s dump and a whole-job restart, when recovery cannot
-work: the store is not the agent's, a second worker fails before the current repair is done, or a generation was
-abandoned. Each of these is said in one line. With warm spares (:class:`Spares`) the new process is one the spare
-template (:mod:`.spare`) forked ahead, torch and megatron imported; torchrun holds it through :class:`Forked`, as
-it holds a ``Popen``.
+work: the store is not the agent's, another worker already finished, a second worker fails before the current
+repair is done, or a generation was abandoned. Each of these is said in one line. With warm spares
+(:class:`Spares`) the new process is one the spare template (:mod:`.spare`) forked ahead, torch and megatron
+imported; torchrun holds it through :class:`Forked`, as it holds a ``Popen``.
 
 A forked worker is the template's child: the template reports its exit code. If the template dies first, the code
 must still be known exactly (a clean end is not a failure; a failure is not a clean end). A worker cannot report
@@ -272,7 +272,7 @@ class Supervisor:
     def _failed(self, worker_group: Any, context: Any, local_rank: int, code: int) -> None:
         rank = worker_group.workers[local_rank].global_rank
         events.emit("fault", rank=rank, kind=events.exit_kind(code), code=code, noticed="launcher")
-        why = self._why_not(worker_group)
+        why = self._why_not(worker_group, context)
         if why:
             self.refusal = why
             log.warning("recover: rank %d exited with code %d and is not replaced: %s; torchrun's own handling "
@@ -312,8 +312,13 @@ class Supervisor:
         self.settled = self.generation  # asked no more until the next generation
         return True
 
-    def _why_not(self, worker_group: Any) -> str:
+    def _why_not(self, worker_group: Any, context: Any) -> str:
         """Why this failure cannot be recovered in place ("" when it can)."""
+        finished = sorted(worker_group.workers[local_rank].global_rank
+                          for local_rank, handler in context.subprocess_handlers.items() if handler.proc.poll() == 0)
+        if finished:  # a replacement would wait for peers that are gone: the job's end is torchrun's to judge
+            return (f"rank{'s' if len(finished) > 1 else ''} {', '.join(map(str, finished))} finished already "
+                    "(exit code 0), no peer is left to repair it from")
         if not getattr(worker_group.spec.rdzv_handler, "use_agent_store", False):
             return ("the workers' store is not the agent's (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1), so it dies "
                     "with rank 0; launch without it")

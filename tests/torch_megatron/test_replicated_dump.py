@@ -208,6 +208,8 @@ def test_mindio_recovery_handlers_repair_rank_1_from_rank_3_and_end_bit_identica
     repairs = [c["args"][1] for c in calls if c["api"] == "fake_controller_repair"]
     assert any("'repair_type': 'send', 'src': [3], 'dst': [1]" in repair for repair in repairs), repairs
     assert not [c for c in calls if c["api"].startswith("fake_processor_")], "no handler refused"
+    assert [c["args"] for c in calls if c["api"] == "fake_controller_fault"] == [[1]]  # the end is no fault
+    assert len([c for c in calls if c["api"] == "tft_destroy_processor"]) == 4  # MindIO's end after training
     assert not job.lines("loading checkpoint") and not job.lines("dumped")
     assert same_as_reference(job, reference, ITERS) == []
     assert_bit_identical(reference.iteration(ITERS) / OPTIMIZER, job.iteration(ITERS) / OPTIMIZER, parts=None)

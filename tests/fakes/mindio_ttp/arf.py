@@ -5,8 +5,8 @@ As in MindIO, the controller runs in rank 0's process (``tft_start_controller``)
 connects to it (``tft_start_processor``); here the channel is a ``FileStore`` named after the launcher's
 pid and the controller's port, beside ``FT_FAKE_RECORD`` (no socket of its own: one host, and nothing a
 process group could mistake for its connections). The controller watches every registered processor's
-pid. When one dies it drives the handlers in MindIO's order, each in the processor's own thread while the
-training thread waits inside ``tft_exception_handler``:
+pid until the processor ends (``tft_destroy_processor``). When one dies it drives the handlers in MindIO's
+order, each in the processor's own thread while the training thread waits inside ``tft_exception_handler``:
 
 1. ``stop(args, ctx)`` on every survivor, then it waits for that rank's training thread to report
    its failure (MindIO's stop waits for the same);
@@ -38,7 +38,8 @@ from fake_record import record
 RET_OK, RET_ERROR = 0, 1
 POLL = 0.02
 ORDER = ("stop", "clean", "rebuild_group", "repair", "rollback")
-_arf = {"store": None, "rank": None, "world": 0, "reboot": False, "reported": threading.Event(), "wait": 0}
+_arf = {"store": None, "rank": None, "world": 0, "reboot": False, "reported": threading.Event(), "wait": 0,
+        "controlling": threading.Event()}
 
 
 def limit():
@@ -61,8 +62,13 @@ def _store(port):
 def start_controller(bind_ip, port, world_size):
     """Rank 0's process: host the channel, then watch the processors."""
     store = _store(port)
+    _arf["controlling"].set()
     threading.Thread(target=_control, args=(store, world_size), name="mindio-controller", daemon=True).start()
     _arf["controller_store"] = store  # kept alive with the process
+
+
+def stop_controller():
+    _arf["controlling"].clear()
 
 
 def start_processor(master_ip, port, rank, world_size):
@@ -79,19 +85,34 @@ def watch_peers(port, rank, world_size, on_loss):
     """Dump mode: register this process, then call ``on_loss`` (in a thread) once another rank's
     registered process is gone."""
     store = _store(port)
+    _arf.update(store=store, rank=rank, world=world_size)
     store.set(f"pid/{rank}", str(os.getpid()))
 
     def watch():
-        peers = {}
-        while True:
+        while _watched(store, world_size).get(rank) == os.getpid():
             time.sleep(0.1)
-            if len(peers) < world_size:
-                peers = {r: int(store.get(f"pid/{r}")) for r in range(world_size) if store.check([f"pid/{r}"])}
-            if any(not _alive(pid) for pid in peers.values()):
+            if any(not _alive(pid) for pid in _watched(store, world_size).values()):
                 on_loss()
                 return
 
     threading.Thread(target=watch, name="mindio-processor", daemon=True).start()
+
+
+def ended():
+    """This process ended its processor (training returned): its exit is no loss."""
+    if _arf["store"] is not None:
+        _arf["store"].set(f"ended/{_arf['rank']}", str(os.getpid()))
+
+
+def _watched(store, world):
+    """Each rank's registered process, but one that ended its processor."""
+    pids = {}
+    for rank in range(world):
+        if store.check([f"pid/{rank}"]):
+            pid = store.get(f"pid/{rank}")
+            if not (store.check([f"ended/{rank}"]) and store.get(f"ended/{rank}") == pid):
+                pids[rank] = int(pid)
+    return pids
 
 
 def is_reboot_node():
@@ -182,17 +203,11 @@ def _alive(pid):
 
 def _control(store, world):
     counts = {}
-    watched = {}
-    while True:
+    while _arf["controlling"].is_set():
         time.sleep(POLL)
-        for rank in range(world):
-            if store.check([f"pid/{rank}"]):
-                watched[rank] = int(store.get(f"pid/{rank}"))
-        lost = [rank for rank, pid in watched.items() if not _alive(pid)]
-        if lost:
-            if not _recover(store, world, lost[0], counts):
-                return  # the survivors dumped and end: nothing left to control
-            watched.clear()
+        lost = [rank for rank, pid in _watched(store, world).items() if not _alive(pid)]
+        if lost and not _recover(store, world, lost[0], counts):
+            return  # the survivors dumped and end: nothing left to control
 
 
 def _act(store, counts, ranks, kind, payloads):

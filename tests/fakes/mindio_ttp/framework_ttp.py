@@ -10,7 +10,9 @@ is dumped before the exception goes on: the controller's "dump, then exit") and,
 processor has started, from a watcher of the other ranks' processes (:func:`arf.watch_peers`): MindIO's
 controller asks every survivor for the dump when a process is lost, whatever its training thread is
 blocked in (a rank whose collectives never reach the lost one learns of the loss only that way). One dump
-per step and process: later requests of the same step get the first one's outcome.
+per step and process: later requests of the same step get the first one's outcome. Once the guarded function
+returned, rank 0 ends its controller and every rank its processor (MindIO's ``ttp_destroy``): a process that ended
+its processor is watched no more, its exit is no loss.
 Once a dump has started ``tft_start_updating_os`` raises. On PyTorch, registering the save handler
 makes SIGTERM and SIGINT do nothing, as MindIO's ``SaveHandler.register`` does.
 ``FT_FAKE_TTP_INIT=raise`` makes ``tft_init_processor`` raise like a failed processor start.
@@ -90,10 +92,12 @@ def tft_start_processor(master_ip, port, local_ip=''):
 
 def tft_destroy_processor():
     record("tft_destroy_processor")
+    arf.ended()
 
 
 def tft_destroy_controller():
     record("tft_destroy_controller")
+    arf.stop_controller()
 
 
 def tft_is_reboot_node():
@@ -154,7 +158,11 @@ def tft_exception_handler(func):
         _state["step_args"] = args
         while True:
             try:
-                return func(*args, **kwargs)
+                result = func(*args, **kwargs)
+                if _state["rank"] == 0:  # MindIO's ttp_destroy once training returned
+                    tft_destroy_controller()
+                tft_destroy_processor()
+                return result
             except RuntimeError as exc:
                 if not _state["arf"]:
                     _dump_and_raise(exc)
