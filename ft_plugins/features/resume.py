@@ -55,7 +55,7 @@ class Resume(Feature):
 
         started = time.monotonic()
         selection = find_latest(directory, format, rank=rank, deep=self.settings["deep"])
-        checked = f"checked in {time.monotonic() - started:.1f} s"  # said in the job's log: what a restart pays
+        checked = check_time(started)
         self.loaded = selection
         events.emit("resume", chosen=selection.path, skipped=[[s.path, s.reason] for s in selection.skipped])
         level = logging.WARNING if is_rank_zero() else logging.DEBUG  # every rank sees the same: rank 0 says it
@@ -106,3 +106,9 @@ class Resume(Feature):
         else:
             loaded = "nothing to resume from"
         return f"{loaded}; {self.committed} saves committed by this rank"
+
+
+def check_time(started: float) -> str:
+    """The newest-intact check's cost since ``started`` (``time.monotonic()``), said in the job's log: every
+    restart pays it."""
+    return f"checked in {time.monotonic() - started:.1f} s"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import time
 from typing import Any
 
 from mindspore.train import Callback, RunContext
@@ -12,7 +13,7 @@ from mindspore.train import Callback, RunContext
 from ft_plugins.checkpoint import CheckpointError, find_latest
 from ft_plugins.checkpoint.layouts.mindspore import iteration_dir, rank_file_manifest
 from ft_plugins.checkpoint.naming import tracker_iteration
-from ft_plugins.features.resume import Resume
+from ft_plugins.features.resume import Resume, check_time
 from ft_plugins.mindspore.base import checkpoint_callback, global_rank, runtime_for, save_root
 from ft_plugins.mindspore.mindformers import TrainerRun, trainer_run
 from ft_plugins.runtime import Runtime
@@ -279,12 +280,13 @@ class ResumeCallback(Callback):
         directory = self.directory or (save_root(checkpoint._directory) if checkpoint is not None else "")  # noqa: SLF001
         if not directory or not os.path.isdir(directory):
             return
+        started = time.monotonic()
         try:
             found = find_latest(directory, self.format, rank=global_rank())
         except CheckpointError:
             return
         if found.path or found.skipped:
-            log.warning("resume: %s holds checkpoints, but MindFormers starts this run at step 0 (resume_training "
-                        "is off) and ft_plugins does not load behind its back; to resume, set resume_training: "
-                        "True and load_checkpoint: %s (ft_plugins then picks the newest intact checkpoint)",
-                        directory, directory)
+            log.warning("resume: %s holds checkpoints (%s), but MindFormers starts this run at step 0 "
+                        "(resume_training is off) and ft_plugins does not load behind its back; to resume, set "
+                        "resume_training: True and load_checkpoint: %s (ft_plugins then picks the newest intact "
+                        "checkpoint)", directory, check_time(started), directory)

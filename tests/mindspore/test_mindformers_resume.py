@@ -331,6 +331,7 @@ def test_without_resume_training_the_callback_says_how_instead_of_retraining(
                   resume=False)
     assert run.returncode == 0, run.output[-4000:]
     assert "set resume_training: True and load_checkpoint: " in run.output
+    assert re.search(r"holds checkpoints \(checked in \d+\.\d s\), but MindFormers starts", run.output)
     assert run.losses == {step: reference.losses[step] for step in range(1, 5)}  # nothing was loaded
 
 
