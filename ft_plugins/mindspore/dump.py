@@ -6,7 +6,8 @@ live parameter blocks behind the stuck collective. So the state is copied to hos
 step end (every parameter of the train network: weights, optimizer state, step counter, learning
 rate), and a watcher thread writes that copy when
 
-- a worker of this node exits while this rank is inside a step (its process is polled every 20 ms): at
+- a worker of this node exits while this rank is inside a step (its process is polled every 20 ms; one that
+  said it ended training, :func:`_ended_mark`, is no loss: a faster peer leaves while this rank still saves): at
   once, and again as soon as the step in flight completes (its AllReduce may have completed before the loss);
   a dump of the older copy still under way then stops between two files, so the newer one is not kept waiting,
 - a step has run for longer than ``STALL_STEPS`` times the median step, and at least ``STALL_FLOOR``
@@ -34,6 +35,7 @@ import re
 import shutil
 import signal
 import statistics
+import tempfile
 import threading
 import time
 from collections import deque
@@ -58,6 +60,7 @@ STALL_FLOOR = 3.0
 # a file of a dump is claimed first, then written in a staging folder: what a dump cut short leaves, cleared at start
 CLAIM_PREFIX = ".ft_ttp_claim-"  # not named *.ckpt: a claim left must not read as a broken checkpoint at resume
 STAGING_PREFIX = ".ft_ttp-"  # resume never sees half a file
+ENDED_MARKS = "ft_plugins-ended-"  # + the launcher's pid: a folder of the temporary directory, per node
 
 
 class Snapshot(NamedTuple):
@@ -104,6 +107,7 @@ class DumpEngine:
         _clear_cut_short(self.target.directory)
         self.speed = WriteSpeed(save_root(self.target.directory))
         self.untime = self.speed.timed_saves(checkpoint_callback(cb_params))
+        _clear_ended_marks()
         self.peers = _local_peers()
         self.peer_ranks = recording.peer_ranks(self.peers)
         if threading.current_thread() is threading.main_thread():
@@ -143,6 +147,12 @@ class DumpEngine:
     def end(self) -> None:
         self.stopped.set()
         self.untime()
+        try:  # before this process exits: its peers still in their last step must not take the exit for a loss
+            mark = _ended_mark(os.getpid())
+            os.makedirs(os.path.dirname(mark), exist_ok=True)
+            open(mark, "w").close()
+        except OSError as exc:
+            log.debug("ttp: the end of training not marked for this node's peers: %s", exc)
 
     # -- the watcher ------------------------------------------------------------------------------
     def _watch(self) -> None:
@@ -153,9 +163,10 @@ class DumpEngine:
         while not self.stopped.wait(POLL):
             started, snapshot = self.step_started, self.snapshot
             if not reason:
-                lost = [pid for pid in self.peers if not alive(pid)] if started is not None else []
+                gone = [pid for pid in self.peers if not alive(pid)] if started is not None else []
+                self.peers = [pid for pid in self.peers if pid not in gone]
+                lost = [pid for pid in gone if not os.path.exists(_ended_mark(pid))]  # not one that ended training
                 if lost:
-                    self.peers = [pid for pid in self.peers if pid not in lost]
                     reason = f"worker process {', '.join(map(str, lost))} of this node exited"
                     recording.peers_lost([self.peer_ranks.get(pid) for pid in lost])
                     if snapshot is not None:  # at once: msrun's SIGKILL may come at its next poll, any moment
@@ -287,6 +298,26 @@ def _clear_cut_short(directory: str) -> None:
             os.unlink(path)
         elif name.startswith(STAGING_PREFIX):
             shutil.rmtree(path, ignore_errors=True)
+
+
+def _ended_mark(pid: int) -> str:
+    """The file by which worker ``pid`` of this node's msrun says it ended training (its exit is then no loss)."""
+    return os.path.join(tempfile.gettempdir(), f"{ENDED_MARKS}{os.getppid()}", str(pid))
+
+
+def _clear_ended_marks() -> None:
+    """Remove this process's mark left by an earlier process of its pid, and the marks of launchers gone. No
+    worker of this launch has ended yet: every rank begins before any step completes."""
+    root = tempfile.gettempdir()
+    try:
+        if os.path.exists(mine := _ended_mark(os.getpid())):
+            os.unlink(mine)
+        for name in os.listdir(root):
+            launcher = name.removeprefix(ENDED_MARKS)
+            if name.startswith(ENDED_MARKS) and launcher.isdigit() and not alive(int(launcher)):
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    except OSError as exc:  # a mark left makes a loss of that pid go unseen: said, never raised into training
+        log.warning("ttp: marks of ended workers in %s not cleared: %s", root, exc)
 
 
 def _local_peers() -> list[int]:

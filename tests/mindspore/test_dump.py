@@ -5,6 +5,7 @@ in test_msrun.py."""
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,41 @@ def test_a_dump_of_an_older_step_stops_between_files_once_a_newer_step_completed
     engine._write = write
     assert engine.dump("a peer exited") == [str(tmp_path / f"rank_{rank}" / "net-2_6.ckpt") for rank in (0, 1)]
     assert not (tmp_path / "rank_1" / "net-2_5.ckpt").exists()
+
+
+@pytest.mark.parametrize("peer", ["ended training", "died"])
+def test_a_peer_leaving_after_it_ended_training_is_no_loss(no_tft: Any, tmp_path: Path, peer: str) -> None:
+    """A faster peer leaves while this rank is still in its last step (a slower save listed before ours): it said
+    it ended (its ``end()`` marks it), so its exit is no loss and nothing is written; without the mark the same exit
+    is one, and the last completed step is written."""
+    import shutil
+    import subprocess
+    import sys
+    import threading
+
+    from ft_plugins.mindspore import FaultTolerance, dump
+
+    engine = _ttp_part(FaultTolerance(features="ttp,resume")).engine
+    engine.target = dump.Target(str(tmp_path / "rank_0"), True, "net", 1, {})
+    engine.snapshot = dump.Snapshot(1, 4, 4, [("weight", np.zeros(4, dtype=np.float32))])
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    mark = Path(dump._ended_mark(process.pid))
+    try:
+        if peer == "ended training":  # what the peer's own end() writes, under this node's launcher
+            mark.parent.mkdir(exist_ok=True)
+            mark.touch()
+        process.wait()
+        engine.peers, engine.step_started = [process.pid], time.monotonic()
+        watcher = threading.Thread(target=engine._watch)
+        watcher.start()
+        time.sleep(20 * dump.POLL)
+        engine.end()
+        watcher.join()
+        assert engine.peers == [] and Path(dump._ended_mark(os.getpid())).is_file()
+        written = sorted(path.name for path in (tmp_path / "rank_0").glob("*.ckpt"))
+        assert written == ([] if peer == "ended training" else ["net-1_4.ckpt"])
+    finally:
+        shutil.rmtree(mark.parent, ignore_errors=True)
 
 
 class Stall:
