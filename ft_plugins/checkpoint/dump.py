@@ -2,8 +2,9 @@
 
 A dump of iteration K is written by the survivors, one writer per shard, into
 ``<save>/iter_{K:07d}_tmp/<shard>/<file>`` (the shard directories Megatron names, e.g. ``mp_rank_00``).
-Each writer writes its files under temporary names (handed to the disk while written, :mod:`.writeback`),
-fsyncs and renames them, then writes the part record ``<shard>/ft_part.json`` (which shard, which K, every
+Each writer writes its files in a staging folder of its own under their final names (``torch.save`` names its
+archive after the file, so a dump's file is Megatron's save's byte for byte), handed to the disk while written
+(:mod:`.writeback`), fsyncs and moves them into place, then writes the part record ``<shard>/ft_part.json`` (which shard, which K, every
 shard of the run, who wrote it, which files): a part without a record is one whose writer was killed
 mid-write.
 
@@ -29,6 +30,7 @@ from ft_plugins.checkpoint.naming import ITERATION_DIR, advance_tracker, dump_di
 from ft_plugins.checkpoint.writeback import handed_to_disk
 
 PART_RECORD = "ft_part.json"
+STAGING_PREFIX = ".ft_partial-"  # + the writer's rank: its files while written, in the shard directory
 
 
 @dataclass(frozen=True)
@@ -60,15 +62,17 @@ def write_part(save_dir: str, part: Part, writes: Mapping[str, Callable[[str], N
     over the other's). Returns the shard directory.
     """
     directory = os.path.join(dump_dir(save_dir, part.iteration), part.shard)
-    os.makedirs(directory, exist_ok=True)
+    staging = os.path.join(directory, f"{STAGING_PREFIX}{part.writer}")
+    os.makedirs(staging, exist_ok=True)
     for filename, write in writes.items():
         target = os.path.join(directory, filename)
-        temporary = f"{target}.{part.writer}.partial"
+        temporary = os.path.join(staging, filename)  # the final name: torch.save names its archive after the file
         with handed_to_disk(temporary):  # on its way to the disk while written: the fsync waits for the tail
             write(temporary)
         with open(temporary, "rb+") as handle:
             os.fsync(handle.fileno())
         os.replace(temporary, target)
+    os.rmdir(staging)
     with atomic_file(os.path.join(directory, PART_RECORD), sync_directory=True) as handle:
         json.dump({**asdict(part), "files": list(writes)}, handle)
     return directory

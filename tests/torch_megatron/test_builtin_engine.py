@@ -117,7 +117,7 @@ def dump_killed(tmp_path_factory: pytest.TempPathFactory) -> Job:
 def test_dump_killed_mid_write_is_never_committed_and_resume_says_why(dump_killed: Job) -> None:
     job = dump_killed
     assert job.tracker() == "2"
-    assert (job.save / "iter_0000003_tmp" / "mp_rank_00" / "model_optim_rng.pt.0.partial").is_file()
+    assert (job.save / "iter_0000003_tmp" / "mp_rank_00" / ".ft_partial-0" / "model_optim_rng.pt").is_file()
     latest = subprocess.run([sys.executable, "-m", "ft_plugins.cli", "ckpt", "latest", str(job.save), "--json"],
                             capture_output=True, text=True)
     selection = json.loads(latest.stdout)

@@ -84,7 +84,8 @@ def test_a_writer_killed_mid_write_leaves_no_record_and_no_commit(tmp_path: Path
     result = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert result.returncode == -signal.SIGKILL
     shard = Path(dump_dir(str(tmp_path), 5)) / "mp_rank_01"
-    assert [p.name for p in shard.iterdir()] == ["model_optim_rng.pt.1.partial"]
+    assert sorted(str(p.relative_to(shard)) for p in shard.rglob("*")) == [".ft_partial-1",
+                                                                           ".ft_partial-1/model_optim_rng.pt"]
     outcome = commit_dump(str(tmp_path), 5)
     assert not outcome.committed
     assert outcome.reasons == ["mp_rank_01: no part record (its writer was killed mid-write)",
@@ -92,6 +93,17 @@ def test_a_writer_killed_mid_write_leaves_no_record_and_no_commit(tmp_path: Path
     selection = find_latest(tmp_path, "megatron")
     assert selection.path is None
     assert [s.reason for s in selection.skipped] == ["dying-gasp dump never committed: " + "; ".join(outcome.reasons)]
+
+
+def test_a_dumped_file_is_byte_for_byte_the_save_of_the_same_state(tmp_path: Path) -> None:
+    """``torch.save`` names its zip archive after the file: written under a temporary name, a dump's archive was
+    named otherwise than Megatron's save of the same state (loaded alike, but not the same bytes)."""
+    _part(tmp_path, "mp_rank_00", 5)
+    saved = tmp_path / "model_optim_rng.pt"
+    _zip(str(saved))
+    shard = Path(dump_dir(str(tmp_path), 5)) / "mp_rank_00"
+    assert (shard / "model_optim_rng.pt").read_bytes() == saved.read_bytes()
+    assert sorted(p.name for p in shard.iterdir()) == [PART_RECORD, "model_optim_rng.pt"]  # no staging left
 
 
 def test_a_part_is_on_its_way_to_the_disk_while_it_is_written(tmp_path: Path, monkeypatch) -> None:

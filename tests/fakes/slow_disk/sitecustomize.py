@@ -1,7 +1,7 @@
 """A slow file system and a launcher with a short fixed grace, for the dump-against-the-grace tests: put this
 folder on a job's ``PYTHONPATH``.
 
-- ``FT_FAKE_SLOW_WRITE=S``: every ``torch.save`` to a ``.pt`` file (a dump's ``x.pt.N.partial`` too) takes S
+- ``FT_FAKE_SLOW_WRITE=S``: every ``torch.save`` to a ``.pt`` file (a dump's staged ``.ft_partial-N/x.pt`` too) takes S
   seconds more once written (a stalled file system: the file is there, its write not finished), in the job's
   first attempt only (``TORCHELASTIC_RESTART_COUNT`` 0), so that the relaunch trains at full speed.
 - ``FT_FAKE_TORCHRUN_GRACE=G``: torch's elastic agent stops its workers with G seconds instead of its fixed 30 s
