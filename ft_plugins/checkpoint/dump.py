@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Mapping
 
@@ -72,7 +73,7 @@ def write_part(save_dir: str, part: Part, writes: Mapping[str, Callable[[str], N
         with open(temporary, "rb+") as handle:
             os.fsync(handle.fileno())
         os.replace(temporary, target)
-    os.rmdir(staging)
+    shutil.rmtree(staging, ignore_errors=True)  # with what an earlier attempt of this writer, killed, left there
     with atomic_file(os.path.join(directory, PART_RECORD), sync_directory=True) as handle:
         json.dump({**asdict(part), "files": list(writes)}, handle)
     return directory

@@ -95,6 +95,18 @@ def test_a_writer_killed_mid_write_leaves_no_record_and_no_commit(tmp_path: Path
     assert [s.reason for s in selection.skipped] == ["dying-gasp dump never committed: " + "; ".join(outcome.reasons)]
 
 
+def test_what_a_killed_attempt_of_the_same_writer_left_does_not_stop_its_next_dump(tmp_path: Path) -> None:
+    """A dump of step 5 cut short (another file half-written in the writer's staging folder), then step 5 dumped
+    again by that writer in a later launch: the part is written and committed, the staging folder gone."""
+    staging = Path(dump_dir(str(tmp_path), 5)) / "mp_rank_00" / ".ft_partial-0"
+    staging.mkdir(parents=True)
+    (staging / "distrib_optim.pt").write_bytes(b"PK half")
+    _part(tmp_path, "mp_rank_00", 5, shards=("mp_rank_00",))
+    assert commit_dump(str(tmp_path), 5).committed
+    assert sorted(p.name for p in (tmp_path / "iter_0000005" / "mp_rank_00").iterdir()) == [
+        PART_RECORD, "model_optim_rng.pt"]
+
+
 def test_a_dumped_file_is_byte_for_byte_the_save_of_the_same_state(tmp_path: Path) -> None:
     """``torch.save`` names its zip archive after the file: written under a temporary name, a dump's archive was
     named otherwise than Megatron's save of the same state (loaded alike, but not the same bytes)."""
