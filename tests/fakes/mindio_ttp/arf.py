@@ -89,9 +89,12 @@ def watch_peers(port, rank, world_size, on_loss):
     store.set(f"pid/{rank}", str(os.getpid()))
 
     def watch():
-        while _watched(store, world_size).get(rank) == os.getpid():
+        while True:
             time.sleep(0.1)
-            if any(not _alive(pid) for pid in _watched(store, world_size).values()):
+            peers = _watched(store, world_size)
+            if peers.get(rank) != os.getpid():
+                return  # this process ended its processor
+            if any(not _alive(pid) for pid in peers.values()):
                 on_loss()
                 return
 
