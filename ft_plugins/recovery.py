@@ -12,6 +12,7 @@ generation; the workers (:mod:`ft_plugins.torch.megatron.recover`) meet in it. E
 | ``g<G>/state/<rank>`` | each survivor | where it stands: steps completed, consumed samples, floating point ops |
 | ``g<G>/joined`` | the replacement | it is ready to rebuild the groups with the survivors |
 | ``g<G>/done`` | every rank (``add``) | ranks that finished generation G's repair |
+| ``trained/<rank>`` | each worker | its training loop returned: a failure after it (at exit) is not repaired |
 
 ``FT_PLUGINS_RECOVERY`` tells a worker that a launcher replaces lost workers (``0,0``), or, in a
 replacement, its generation and which life of its rank it is (``<generation>,<life>``).
@@ -21,7 +22,8 @@ from __future__ import annotations
 
 import gc
 import json
-from typing import Mapping, NamedTuple
+import logging
+from typing import Any, Callable, Mapping, NamedTuple
 
 from ft_plugins.config import RECOVERY_VAR, RESTART_VAR
 
@@ -90,6 +92,21 @@ def worker_namespace(env: Mapping[str, str]) -> str:
 
 def key(generation: int, name: str) -> str:
     return f"g{generation}/{name}"
+
+
+def trained(rank: int) -> str:
+    """The key a worker sets when its training loop returned: a replacement for it would have nothing to join."""
+    return f"trained/{rank}"
+
+
+def mark_trained(store: Callable[[], Any], rank: int) -> None:
+    """Tell the launcher (on ``store()``, the run's namespace of its store) that this worker's training loop
+    returned, so that a crash on its way out is not taken for a loss to repair; without the store, nothing."""
+    try:
+        store().set(trained(rank), "1")
+    except Exception as exc:
+        logging.getLogger("ft_plugins.recover").debug("recover: end of training not told: %s: %s",
+                                                      type(exc).__name__, exc)
 
 
 class Standing(NamedTuple):

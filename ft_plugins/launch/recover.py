@@ -37,7 +37,7 @@ from ft_plugins.config import RECOVERY_VAR
 from ft_plugins.launch.environment import launcher_options, torchrun_option
 from ft_plugins.launch.process import adopt_orphans, reap_adopted
 from ft_plugins.launch.spare import EXIT, READY, TOOK, Lines
-from ft_plugins.recovery import REFUSED, key, namespace, replacement_value
+from ft_plugins.recovery import REFUSED, key, namespace, replacement_value, trained
 
 log = logging.getLogger("ft_plugins.recover")
 
@@ -272,7 +272,7 @@ class Supervisor:
     def _failed(self, worker_group: Any, context: Any, local_rank: int, code: int) -> None:
         rank = worker_group.workers[local_rank].global_rank
         events.emit("fault", rank=rank, kind=events.exit_kind(code), code=code, noticed="launcher")
-        why = self._why_not(worker_group, context)
+        why = self._why_not(worker_group, context, rank)
         if why:
             self.refusal = why
             log.warning("recover: rank %d exited with code %d and is not replaced: %s; torchrun's own handling "
@@ -312,8 +312,8 @@ class Supervisor:
         self.settled = self.generation  # asked no more until the next generation
         return True
 
-    def _why_not(self, worker_group: Any, context: Any) -> str:
-        """Why this failure cannot be recovered in place ("" when it can)."""
+    def _why_not(self, worker_group: Any, context: Any, rank: int) -> str:
+        """Why the failure of ``rank`` cannot be recovered in place ("" when it can)."""
         finished = sorted(worker_group.workers[local_rank].global_rank
                           for local_rank, handler in context.subprocess_handlers.items() if handler.proc.poll() == 0)
         if finished:  # a replacement would wait for peers that are gone: the job's end is torchrun's to judge
@@ -324,6 +324,8 @@ class Supervisor:
                     "with rank 0; launch without it")
         try:
             self._connect(worker_group)
+            if self.store.check([trained(rank)]):  # it failed on its way out (a crash at exit)
+                return f"rank {rank} had finished training, nothing is left to repair"
             if self.store.check([REFUSED]):  # said at the start by the workers (pipeline parallelism, ...)
                 return f"the workers refused in-place recovery at the start ({self.store.get(REFUSED).decode()})"
             upcoming = key(self.generation + 1, "abandoned")

@@ -84,8 +84,12 @@ def test_the_final_save_is_the_uninterrupted_runs_model_and_optimizer_state_bit_
 # MindIO's recovery handlers (its stand-in's controller in rank 0's process) on 4 ranks, PP=2 x DP=2, bf16:
 # [0, 1] stage 0, [2, 3] stage 1, each rank's data-parallel group its replica layout. Rank 1 (stage 0) is lost as
 # step 3 begins, rank 2 (stage 1) as step 5 begins; each is repaired from its replica in the same stage.
+# gloo's timeout at 2 minutes (Megatron's default 10): a stage peer receiving a message that MindIO's stop cut
+# mid-way waits it out (gloo leaves a half-received message's wait to its timeout, and has no abort), and the
+# stand-in's controller gives a stopped rank 180 s to leave what it was in, as MindIO's does
 MINDIO_PIPELINE = Launch(4, ("--pipeline-model-parallel-size", "2", "--bf16", "--micro-batch-size", "1",
-                             "--global-batch-size", "4"), (("CUDA_DEVICE_MAX_CONNECTIONS", "1"),))
+                             "--global-batch-size", "4", "--distributed-timeout-minutes", "2"),
+                         (("CUDA_DEVICE_MAX_CONNECTIONS", "1"),))
 MINDIO_FAULTS = "rank=1,step=2,kind=kill;rank=2,step=4,kind=kill"
 
 

@@ -32,7 +32,7 @@ from ft_plugins import progress
 from ft_plugins.features.recover import Recover
 from ft_plugins.patching import Patch
 from ft_plugins.rank import global_rank, is_rank_zero
-from ft_plugins.recovery import key, worker_namespace
+from ft_plugins.recovery import key, mark_trained, worker_namespace
 from ft_plugins.torch.megatron import loop
 from ft_plugins.torch.megatron.handover import (Batches, Chunks, apply, kept, receive, send, set_rng, state_at,
                                                 unreplicated, without_load)
@@ -112,7 +112,9 @@ class MindioRecovery:
             self.announced = True
             log.warning("recover: MindIO's controller repairs a lost rank in place (stop, clean, rebuild_group, "
                         "repair, rollback handlers); its dump when it cannot")
-        return wrapped(*args, **kwargs)
+        result = wrapped(*args, **kwargs)
+        mark_trained(self._launcher_store, global_rank() or 0)
+        return result
 
     def train_step(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         """The step's batches are kept while it runs (a step run again reads them again)."""

@@ -44,8 +44,8 @@ from ft_plugins import events, faults, progress
 from ft_plugins.features.recover import Recover
 from ft_plugins.patching import Patch
 from ft_plugins.rank import global_rank, is_rank_zero
-from ft_plugins.recovery import (LOG, REFUSED, SAVE as SAVING, STEP, Standing, key, plan, replacement,
-                                 resume_collection, resumption, supervised, worker_namespace)
+from ft_plugins.recovery import (LOG, REFUSED, SAVE as SAVING, STEP, Standing, key, mark_trained, plan,
+                                 replacement, resume_collection, resumption, supervised, worker_namespace)
 from ft_plugins.steps import FORWARD, IDLE, UPDATED
 from ft_plugins.torch.megatron import loop
 from ft_plugins.torch.megatron.handover import (Batches, Chunks, apply, kept, receive, send, set_rng, state_at,
@@ -133,6 +133,7 @@ class MegatronRecovery:
         result = wrapped(*args, **kwargs)
         if not self.joined:  # no step was left to run: the survivors stand in the loop's save of the last one
             self._join(megatron("training.global_vars").get_args().iteration)
+        mark_trained(self._store, global_rank() or 0)
         return result
 
     def train_step(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
