@@ -160,8 +160,8 @@ class _Examiner:
         files are probed: a damaged newest costs its stats. Kinds and sizes by ``stat_of``."""
         sized = {manifest: size_problems(manifests[manifest], base, stat_of) for manifest, base in candidate.manifests}
         probed = lambda chosen: each(lambda path: probe(path, self.deep, stat_of), chosen.values())  # noqa: E731
-        read = lambda: {manifest: content_problems(found, base, self.deep)  # noqa: E731
-                        for (manifest, found), (_, base) in zip(sized.items(), candidate.manifests) if found}
+        read = lambda: {manifest: content_problems(sized[manifest], base, self.deep)  # noqa: E731
+                        for manifest, base in candidate.manifests if sized[manifest]}
         if any(found and found.problems for found in sized.values()):
             damaged = {path for found in sized.values() if found for path in found.damaged}
             files = {role: path for role, path in files.items() if path in damaged}
