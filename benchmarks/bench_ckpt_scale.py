@@ -18,8 +18,9 @@ interpreter lock, so operations of several threads overlap as a metadata server'
   truncated   newest holds one truncated rank file (damaged after its commit), the one before intact
   truncated, unjudged   the same without any verdict recorded
 And ``ft-plugins ckpt latest DIR`` as a whole process (interpreter start included, 0 ms). Figures are
-medians of --runs child processes, printed with their ratio to reading the tracker alone (what
-Megatron itself reads) and, with --baseline-ref, to the code of that git revision, run the same way.
+medians of --runs child processes (wall time, and the CPU time of the check's process), printed with their
+ratio to reading the tracker alone (what Megatron itself reads) and, with --baseline-ref, to the code of
+that git revision, run the same way; then, for each code, the newest truncated against the newest intact.
 
     python benchmarks/bench_ckpt_scale.py [--ranks 1024 10240] [--formats torch torch_dist]
         [--runs 5] [--delay 1] [--baseline-ref COMMIT]
@@ -226,13 +227,13 @@ def child(directory: str, delay_ms: float, what: str) -> None:
     from ft_plugins.checkpoint.naming import read_tracker
 
     counter = slow_file_system(delay_ms / 1000)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     if what == "tracker":
         chosen = str(read_tracker(directory).value)
     else:
         chosen = find_latest(directory).path
-    seconds = time.perf_counter() - start
-    print(json.dumps({"seconds": seconds, "ops": counter.counts, "chose": chosen,
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    print(json.dumps({"seconds": seconds, "cpu": cpu, "ops": counter.counts, "chose": chosen,
                       "code": str(Path(sys.modules["ft_plugins"].__file__).parent)}))
 
 
@@ -285,6 +286,7 @@ def measure(root: Path, form: str, ranks: int, options: argparse.Namespace, old:
     tracker = {delay: median_run(options.runs, root, delay, "tracker", None) for delay in (0, options.delay)}
     unjudged = lambda: drop_verdicts(root)  # noqa: E731
     label = f"{form} {ranks} ranks" if form == "torch_dist" else f"{form} {ranks} ranks ({options.mp} mp shards)"
+    seconds: dict[tuple[str, str, float], float] = {}  # (code, scenario, delay): the median
     for scenario, state, before in [("unjudged", "intact", unjudged), ("first", "intact", None),
                                     ("truncated", "truncated", None), ("trunc-unj", "truncated", unjudged)]:
         if scenario == "first":
@@ -295,16 +297,24 @@ def measure(root: Path, form: str, ranks: int, options: argparse.Namespace, old:
             run_child(root, delay, "check", None, before)  # warm: an earlier check leaves its verdicts
             report = median_run(options.runs, root, delay, "check", None, before=before)
             assert report["chose"] == expected[state], (report["chose"], expected[state])
-            line = (f"{label:<34} {scenario:<9} {delay:>3} ms/op: {report['seconds']:7.3f} s "
-                    f"({report['seconds'] / tracker[delay]['seconds']:7.0f}x the tracker alone; {ops_text(report)})")
+            seconds["now", scenario, delay] = report["seconds"]
+            line = (f"{label:<34} {scenario:<9} {delay:>3} ms/op: {report['seconds']:7.3f} s, CPU {report['cpu']:.2f} s"
+                    f" ({report['seconds'] / tracker[delay]['seconds']:7.0f}x the tracker alone; {ops_text(report)})")
             if old is not None:
                 then = median_run(options.baseline_runs, root, delay, "check", old, before=before)
                 assert then["chose"] == expected[state], then["chose"]
-                line += f"\n{'':<34} {'':<9} {'':>3}  before {options.baseline_ref}: {then['seconds']:7.3f} s " \
+                seconds["before", scenario, delay] = then["seconds"]
+                line += f"\n{'':<34} {'':<9} {'':>3}  before {options.baseline_ref}: {then['seconds']:7.3f} s, " \
+                        f"CPU {then['cpu']:.2f} s " \
                         f"(before/now {then['seconds'] / report['seconds']:.1f}x; {ops_text(then)})"
             print(line, flush=True)
         whole = process_seconds(root, options.runs, before)
         print(f"{label:<34} {scenario:<9} whole process, 0 ms/op: {whole:.3f} s", flush=True)
+    for code in ("now", "before") if old is not None else ("now",):
+        print(f"{label:<34} {code:<9} newest truncated / newest intact: " + "; ".join(
+            f"{judged} at {delay:g} ms/op {seconds[code, damaged, delay] / seconds[code, intact, delay]:.2f}x"
+            for judged, damaged, intact in (("never judged", "trunc-unj", "unjudged"), ("judged", "truncated", "first"))
+            for delay in (0, options.delay)), flush=True)
 
 
 def main() -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import gc
 import io
+import itertools
+import operator
 import os
 import pickle
 from typing import IO, Any, Callable
@@ -19,6 +21,7 @@ from ft_plugins.checkpoint.parallel import each
 from ft_plugins.checkpoint.reading import is_inside, open_regular
 
 _METADATA_LIMIT = 256 << 20  # a .metadata describes shards: megabytes even for large models
+_FRAME = b"\x95"  # after PROTO 4 or 5: a framed pickle
 
 
 class _Inert(BaseException):
@@ -45,7 +48,7 @@ class _Inert(BaseException):
 class _MetadataReader(pickle.Unpickler):
     """The C unpickler with every global replaced by an inert stand-in: linear, at C speed, importing nothing."""
 
-    def __init__(self, handle: IO[bytes]) -> None:
+    def __init__(self, handle: IO[bytes] | _Turns) -> None:
         super().__init__(handle)
         self.shard_records: list[Any] = []
         # the one stand-in whose states are kept: appended as they come, still without a Python call
@@ -58,13 +61,32 @@ class _MetadataReader(pickle.Unpickler):
         raise pickle.UnpicklingError("persistent ids are not used by checkpoint metadata")
 
 
+class _Turns:
+    """A framed pickle's bytes behind Python methods: the C unpickler calls one for each frame (64 KB), and each
+    call is a point where the check's other threads take their turn at the interpreter lock, which the
+    unpickling would otherwise hold for its whole run (a third of a second at 10,000 ranks). Unframed pickles
+    (protocol 3 and older) read as they are: they would call once for each opcode."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = io.BytesIO(data)
+
+    def read(self, size: int = -1) -> bytes:
+        return self._data.read(size)
+
+    def readinto(self, buffer: Any) -> int:
+        return self._data.readinto(buffer)
+
+    def readline(self) -> bytes:
+        return self._data.readline()
+
+
 def storage_extents(handle: IO[bytes]) -> dict[str, int]:
     """The end of the last byte each ``.distcp`` file must hold. Raises for a pickle that is not whole,
     puts to a memo index beyond its size (:mod:`.memo_guard`), or whose shard records lack a file, an offset
     or a length."""
     data = handle.read()
     refuse_memo_bombs(data)
-    reader = _MetadataReader(io.BytesIO(data))
+    reader = _MetadataReader(_Turns(data) if data[2:3] == _FRAME else io.BytesIO(data))
     collecting = gc.isenabled()
     gc.disable()  # the reader's million small objects would set off a collection every 700: 40 % of its time
     try:
@@ -72,18 +94,16 @@ def storage_extents(handle: IO[bytes]) -> dict[str, int]:
     finally:
         if collecting:
             gc.enable()
-    extents: dict[str, int] = {}
-    for fields in reader.shard_records:
-        if type(fields) is tuple and fields:
-            fields = fields[0]
-        if type(fields) is not dict:
-            raise ValueError("a shard record without a file, offset and length")
-        path, offset, length = fields.get("relative_path"), fields.get("offset"), fields.get("length")
-        if type(path) is not str or type(offset) is not int or type(length) is not int or offset < 0 or length < 0:
-            raise ValueError("a shard record without a file, offset and length")
-        if extents.get(path, 0) < offset + length:
-            extents[path] = offset + length
-    return extents
+    states = [fields[0] if type(fields) is tuple and fields else fields for fields in reader.shard_records]
+    if not {*map(type, states)} <= {dict}:
+        raise ValueError("a shard record without a file, offset and length")
+    paths, offsets, lengths = ([*map(dict.get, states, itertools.repeat(key))]
+                               for key in ("relative_path", "offset", "length"))
+    if not ({*map(type, paths)} <= {str} and {*map(type, offsets), *map(type, lengths)} <= {int}
+            and min(offsets, default=0) >= 0 and min(lengths, default=0) >= 0):
+        raise ValueError("a shard record without a file, offset and length")
+    # ordered by end, so each file keeps its furthest one
+    return dict(sorted(zip(paths, map(operator.add, offsets, lengths)), key=operator.itemgetter(1)))
 
 
 def _size(stat_of: Callable[[str], os.stat_result], path: str) -> int | None:

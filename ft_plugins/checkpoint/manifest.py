@@ -12,12 +12,12 @@ import hashlib
 import json
 import os
 import stat
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 from ft_plugins.checkpoint.atomic import atomic_file
 from ft_plugins.checkpoint.errors import ManifestError
 from ft_plugins.checkpoint.parallel import each
-from ft_plugins.checkpoint.reading import is_inside, open_regular, read_json
+from ft_plugins.checkpoint.reading import is_inside, open_descriptor, open_regular, read_at, read_json
 from ft_plugins.checkpoint.verdicts import VERDICT_FILE
 
 # the manifests' names, owned here: one per checkpoint directory, one per rank's file, one beside a lone file
@@ -46,13 +46,15 @@ def beside(path: str) -> str:
 
 
 def sample_digest(path: str, size: int, known_regular: bool = False) -> str:
-    """A digest of the file's head and tail (bounded reads; ``known_regular``: see :func:`open_regular`)."""
+    """A digest of the file's head and tail (bounded reads; ``known_regular``: see :func:`.reading.open_descriptor`)."""
     digest = hashlib.blake2b(digest_size=16)
-    with open_regular(path, known_regular) as handle:
-        digest.update(handle.read(_HEAD))
+    descriptor = open_descriptor(path, known_regular)
+    try:
+        digest.update(read_at(descriptor, _HEAD, 0))
         if size > _HEAD:
-            handle.seek(max(_HEAD, size - _TAIL))
-            digest.update(handle.read(_TAIL))
+            digest.update(read_at(descriptor, _TAIL, max(_HEAD, size - _TAIL)))
+    finally:
+        os.close(descriptor)
     return digest.hexdigest()
 
 
@@ -138,24 +140,35 @@ def listed_files(manifest: dict[str, Any] | str | None, base: str) -> list[str]:
     return [inside + rel for rel in manifest["files"]]  # every name checked relative and inside
 
 
-def manifest_problems(manifest: dict[str, Any] | str | None, base: str, deep: bool = False,
-                      stat_of: Callable[[str], os.stat_result] = os.stat,
-                      damaged: set[str] | None = None) -> list[str] | None:
-    """What does not match a manifest (:func:`manifest_or_problem`; file paths relative to ``base``); None:
-    no manifest. ``stat_of`` gives each file's size (a check's one stat of it). Files missing or of another
-    size are named without reading any file (their paths added to ``damaged``): that alone refuses the
-    checkpoint; else each file's content is compared."""
+class Sized(NamedTuple):
+    """A manifest compared with its files' stats, nothing read: what is wrong (the manifest itself, or files
+    missing or of another size, each of which alone refuses the checkpoint), those files' paths, and else the
+    files whose content is still to compare (:func:`content_problems`)."""
+
+    problems: list[str]
+    damaged: list[str]
+    unread: list[tuple[str, dict[str, Any], os.stat_result]]
+
+
+def size_problems(manifest: dict[str, Any] | str | None, base: str,
+                  stat_of: Callable[[str], os.stat_result] = os.stat) -> Sized | None:
+    """A manifest (:func:`manifest_or_problem`; file paths relative to ``base``) compared by sizes; None: no
+    manifest. ``stat_of`` gives each file's size (a check's one stat of it)."""
     if manifest is None:
         return None
     if isinstance(manifest, str):
-        return [manifest]
+        return Sized([manifest], [], [])
     entries = sorted(manifest["files"].items())
     statuses = each(lambda entry: _status_or_problem(base, entry[0], entry[1], stat_of), entries)
     sized = [(rel, status) for (rel, _), status in zip(entries, statuses) if isinstance(status, str)]
     if sized:
-        (damaged if damaged is not None else set()).update(os.path.join(base, rel) for rel, _ in sized)
-        return [problem for _, problem in sized]
-    found = each(lambda pair: _content_problem(base, *pair[0], pair[1], deep), zip(entries, statuses))
+        return Sized([problem for _, problem in sized], [os.path.join(base, rel) for rel, _ in sized], [])
+    return Sized([], [], [(rel, expected, status) for (rel, expected), status in zip(entries, statuses)])
+
+
+def content_problems(sized: Sized, base: str, deep: bool = False) -> list[str]:
+    """What does not match the manifest in the content of the files :func:`size_problems` left to read."""
+    found = each(lambda unread: _content_problem(base, *unread, deep), sized.unread)
     return [problem for problem in found if problem]
 
 

@@ -38,3 +38,12 @@ def each(function: Callable[[Item], Result], items: Iterable[Item]) -> list[Resu
         parts = [pool.submit(lambda lo, hi: [function(item) for item in rest[lo:hi]], lo, hi)
                  for lo, hi in zip(bounds, bounds[1:])]
         return results + [result for part in parts for result in part.result()]
+
+
+def side_by_side(here: Callable[[], Result], beside: Callable[[], Item]) -> tuple[Result, Item]:
+    """``(here(), beside())``, ``beside`` in a thread of its own: two independent parts of one check, such as
+    the ``.metadata`` walk (CPU) and the reading of every file's samples (waits on the file system), take
+    as long together as the longer one, not as both."""
+    with ThreadPoolExecutor(1, thread_name_prefix="ft-ckpt-check") as pool:
+        other = pool.submit(beside)
+        return here(), other.result()

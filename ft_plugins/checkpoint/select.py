@@ -18,8 +18,8 @@ from typing import Any, Callable
 
 from ft_plugins.checkpoint.errors import CheckpointError
 from ft_plugins.checkpoint.layouts import FORMATS, Candidate, Layout, detect
-from ft_plugins.checkpoint.manifest import listed_files, manifest_or_problem, manifest_problems
-from ft_plugins.checkpoint.parallel import each
+from ft_plugins.checkpoint.manifest import content_problems, listed_files, manifest_or_problem, size_problems
+from ft_plugins.checkpoint.parallel import each, side_by_side
 from ft_plugins.checkpoint.probes import probe
 from ft_plugins.checkpoint.verdicts import Snapshot, recall, record
 
@@ -155,19 +155,31 @@ class _Examiner:
 
     def _checked(self, candidate: Candidate, files: dict[str, str], manifests: dict[str, dict[str, Any] | str | None],
                  stat_of: Callable[[str], os.stat_result]) -> tuple[list[str], list[str], list[str]]:
-        """The full check: each manifest compared with the files, then each file probed (side by side), only
-        those missing or of another size when a manifest names such; kinds and sizes by ``stat_of``."""
-        manifest_found, uncommitted, damaged = [], [], set()
+        """The full check: each manifest compared with the files' stats, then, unless that found damage, their
+        content (read side by side with the probes of every file); once damage is found, only the damaged
+        files are probed: a damaged newest costs its stats. Kinds and sizes by ``stat_of``."""
+        sized = {manifest: size_problems(manifests[manifest], base, stat_of) for manifest, base in candidate.manifests}
+        probed = lambda chosen: each(lambda path: probe(path, self.deep, stat_of), chosen.values())  # noqa: E731
+        read = lambda: {manifest: content_problems(sized[manifest], base, self.deep)  # noqa: E731
+                        for manifest, base in candidate.manifests if sized[manifest]}
+        if any(found and found.problems for found in sized.values()):
+            damaged = {path for found in sized.values() if found for path in found.damaged}
+            files = {role: path for role, path in files.items() if path in damaged}
+            contents, reasons = read(), probed(files)
+        elif any(found and found.unread for found in sized.values()):
+            contents, reasons = side_by_side(read, lambda: probed(files))
+            if any(contents.values()):  # refused by content: no file is damaged by its stats, none is probed
+                files = {}
+        else:
+            contents, reasons = {}, probed(files)
+        manifest_found, uncommitted = [], []
         for manifest, base in candidate.manifests:
-            found = manifest_problems(manifests[manifest], base, self.deep, stat_of, damaged)
             whose = _whose(candidate, base)
-            if found is None:
+            if sized[manifest] is None:
                 uncommitted.append(f"{whose}{os.path.basename(manifest)}")
             else:
-                manifest_found += [f"{whose}{problem}" for problem in found]
-        if manifest_found:  # refused already: a damaged newest costs its stats and the probes of its damaged files
-            files = {role: path for role, path in files.items() if path in damaged}
-        reasons = each(lambda path: probe(path, self.deep, stat_of), files.values())
+                manifest_found += [f"{whose}{problem}" for problem in (*sized[manifest].problems,
+                                                                       *contents.get(manifest, ()))]
         return manifest_found, uncommitted, [f"{role}: {reason}" for role, reason in zip(files, reasons) if reason]
 
 

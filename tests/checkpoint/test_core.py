@@ -167,3 +167,21 @@ def test_the_package_face_imports_nothing_until_a_name_is_used() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                             env={"PATH": "/usr/bin:/bin"})
     assert result.stdout.split("\n")[:2] == ["['ft_plugins.checkpoint.atomic']", "True"], result.stderr
+
+
+def test_a_sample_digest_is_of_the_head_and_tail_however_short_the_reads(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The manifest's sample: the first 4 KiB and the last 64 KiB past them, read at offsets without a file
+    object; reads the file system cuts short (here 7 bytes at most) are continued, so the digest is the same."""
+    import hashlib
+
+    from ft_plugins.checkpoint.manifest import sample_digest
+
+    pread = os.pread
+    monkeypatch.setattr(os, "pread", lambda descriptor, length, offset: pread(descriptor, min(length, 7), offset))
+    for size in (0, 100, 4096, 5000, 70_000, 200_000):
+        path = tmp_path / f"f{size}"
+        data = os.urandom(size)
+        path.write_bytes(data)
+        expected = hashlib.blake2b(data[:4096] + data[max(4096, size - (64 << 10)):], digest_size=16).hexdigest()
+        assert sample_digest(str(path), size) == expected, size

@@ -284,3 +284,64 @@ def test_a_metadata_memo_index_beyond_its_size_is_refused_before_unpickling(tmp_
         ["protocol 0", "protocol 2", "protocol 5"]), reasons
     assert "memo index 4294967295 beyond the pickle's" in reasons["LONG_BINPUT 2**32-1"], reasons
     assert "memo index 100000000000 beyond the pickle's" in reasons["PUT 10**11"], reasons
+
+
+def _records(*states: bytes) -> bytes:
+    """A protocol 2 pickle of a list of DCP shard records (``_StorageInfo``), each built with the given state."""
+    record = b"cdcp.filesystem\n_StorageInfo\n)\x81%sb"
+    return b"\x80\x02](" + b"".join(record % state for state in states) + b"e."
+
+
+def _state(path: object = "__0_0.distcp", offset: object = 0, length: object = 4, drop: str = "") -> bytes:
+    """A record's state: a dict of its file, offset and length (``drop``: that key left out); ints as BININT,
+    True as NEWTRUE, strings as BINUNICODE."""
+    encode = lambda value: (b"\x88" if value is True else struct.pack("<ci", b"J", value) if type(value) is int  # noqa
+                            else b"X" + struct.pack("<I", len(value.encode())) + value.encode())
+    fields = {"relative_path": path, "offset": offset, "length": length}
+    return b"}(" + b"".join(encode(key) + encode(value) for key, value in fields.items() if key != drop) + b"u"
+
+
+@pytest.mark.parametrize("state", [
+    _state(drop="length"), _state(offset=-1), _state(length=-4), _state(length=True), _state(offset="0"),
+    _state(path=7), b"](e", b"(\x88" + _state() + b"t",  # a list; a tuple whose first item is no dict
+], ids=["no length", "negative offset", "negative length", "length True", "offset a string", "path a number",
+        "a list", "a tuple without a dict"])
+def test_a_shard_record_of_the_wrong_shape_is_refused(state: bytes) -> None:
+    import io
+
+    from ft_plugins.checkpoint.distcp import storage_extents
+
+    with pytest.raises(ValueError, match="a shard record without a file, offset and length"):
+        storage_extents(io.BytesIO(_records(_state(), state)))
+
+
+def test_each_shard_file_must_hold_its_furthest_record() -> None:
+    """Records in any order, a state as (dict, slots) too: each file's extent is the end of its furthest one."""
+    import io
+
+    from ft_plugins.checkpoint.distcp import storage_extents
+
+    data = _records(_state(offset=8), _state(offset=0), b"(" + _state("__1_0.distcp", 2, 3) + b"Nt")
+    assert storage_extents(io.BytesIO(data)) == {"__0_0.distcp": 12, "__1_0.distcp": 5}
+
+
+def test_a_framed_metadata_is_unpickled_a_frame_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A .metadata of protocol 4 or later (DCP's) is handed to the unpickler one frame per call of a Python
+    method, each a point where the check's other threads take their turn at the interpreter lock; an unframed
+    one is read whole, which would otherwise cost a call per opcode. The extents are the same."""
+    import io
+    import pickle
+
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    from ft_plugins.checkpoint import distcp
+
+    records = [_StorageInfo(f"__{rank}_0.distcp", 0, 64) for rank in range(5000)]
+    calls: list[int] = []
+    read = distcp._Turns.read
+    monkeypatch.setattr(distcp._Turns, "read", lambda self, size=-1: (calls.append(size), read(self, size))[1])
+    for protocol in (2, 4, 5):
+        calls.clear()
+        extents = distcp.storage_extents(io.BytesIO(pickle.dumps(records, protocol=protocol)))
+        assert extents == {f"__{rank}_0.distcp": 64 for rank in range(5000)}
+        assert (len(calls) > 3) == (protocol >= 4), (protocol, len(calls))

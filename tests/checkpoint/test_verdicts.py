@@ -123,18 +123,18 @@ def test_a_file_changed_after_the_verdict_is_checked_again_and_refused(save: Pat
 def test_a_file_changed_while_the_check_runs_leaves_no_verdict_that_stands(save: Path, probes: list[str],
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """The verdict is of the one stat taken of each file before it was read: a byte changed after that (here
-    while the files are probed, after the manifest's digests were read) leaves a verdict that no longer
-    matches, so the next check is full and finds the change."""
+    right after the manifest's digests were read, while the files may still be probed) leaves a verdict that
+    no longer matches, so the next check is full and finds the change."""
     newest = save / "iter_0000004"
-    counted = select_module.probe
+    compared = select_module.content_problems
 
-    def changing(path: str, deep: bool = False, stat_of: Callable[[str], os.stat_result] = os.stat) -> str | None:
-        if not probes:
-            time.sleep(0.05)  # past a tick of the file system's clock, which a same-tick change would share
-            _rewrite_same_size_and_mtime(_data_file(newest))
-        return counted(path, deep, stat_of)
+    def changing(*args: object, **kwargs: object) -> list[str]:
+        found = compared(*args, **kwargs)
+        time.sleep(0.05)  # past a tick of the file system's clock, which a same-tick change would share
+        _rewrite_same_size_and_mtime(_data_file(newest))
+        return found
 
-    monkeypatch.setattr(select_module, "probe", changing)
+    monkeypatch.setattr(select_module, "content_problems", changing)
     assert find_latest(save).path == str(newest)  # the digests were read before the change
     probes.clear()
     selection = find_latest(save)
@@ -306,3 +306,20 @@ def test_a_newest_damaged_after_its_commit_is_refused_on_its_stats(save: Path, p
     assert "10 bytes, the manifest says" in selection.skipped[0].reason, selection.skipped
     assert [path for path in probes if path.startswith(str(newest))] == [str(damaged)]
     assert not [path for path in digested if path.startswith(str(newest))] and digested
+
+
+def test_a_save_never_judged_has_its_content_compared_while_its_files_are_probed(
+        save: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The full check reads every file's samples (waiting on the file system) side by side with the probes (the
+    ``.metadata`` walk: CPU), so it takes about the longer of the two, not both; the choice is the same."""
+    import threading
+
+    from ft_plugins.checkpoint import manifest
+
+    probing, overlapped = threading.Event(), []
+    probe, digest = select_module.probe, manifest.sample_digest
+    monkeypatch.setattr(select_module, "probe", lambda *args, **kwargs: (probing.set(), probe(*args, **kwargs))[1])
+    monkeypatch.setattr(manifest, "sample_digest", lambda *args, **kwargs: (
+        overlapped.append(probing.wait(timeout=0 if overlapped else 10)), digest(*args, **kwargs))[1])
+    assert find_latest(save).path == str(save / "iter_0000004")
+    assert overlapped and all(overlapped), overlapped
