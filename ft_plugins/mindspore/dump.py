@@ -132,7 +132,7 @@ class DumpEngine:
         self.copy_seconds += time.perf_counter() - started
         if self.speed is not None and self.target is not None:  # what a dump of it would write: every rank's file
             files = self.target.ranks if self.target.per_rank else 1
-            self.speed.warn(files * sum(array.nbytes for _, array in parameters))
+            self.speed.warn(files, sum(array.nbytes for _, array in parameters))
 
     def step_end(self, cb_params: Any) -> None:
         """The step's time; its copy too where no hook took it before the step ends."""

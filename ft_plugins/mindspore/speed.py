@@ -42,16 +42,19 @@ class WriteSpeed:
         self.root = root
         self.said = False
         self.pending = True  # a write was recorded (or none looked at yet) since the last look
+        self.file_bytes = 0  # this rank's last save file: a dump's file holds the same in the same format
 
     def record(self, written: int, seconds: float, what: str) -> None:
         grace.record(self.root, grace.Measured(written, seconds, what))
         self.pending = True
 
-    def warn(self, dump_bytes: int) -> None:
-        """Rank 0, once: the dump of ``dump_bytes`` (every file a survivor may write) at the recorded speed needs
-        longer than msrun gives."""
+    def warn(self, files: int, state_bytes: int) -> None:
+        """Rank 0, once: the dump of ``files`` files (every rank's, as a survivor may write them), each holding
+        ``state_bytes`` of parameters, at the recorded speed needs longer than msrun gives. A file is counted as
+        large as this rank's last save file when that is larger (the format's own bytes, in a small state)."""
         if self.said or not self.pending:
             return
+        dump_bytes = files * max(state_bytes, self.file_bytes)
         self.pending = False
         found = grace.measured(self.root) if is_rank_zero() and under_msrun() else None
         if found is None:
@@ -77,7 +80,7 @@ class WriteSpeed:
             step_end(run_context)
             latest = checkpoint.latest_ckpt_file_name
             if latest and latest != before and os.path.isfile(latest):
-                self.record(os.path.getsize(latest), time.monotonic() - started,
-                            f"save {os.path.basename(latest)}")
+                self.file_bytes = os.path.getsize(latest)
+                self.record(self.file_bytes, time.monotonic() - started, f"save {os.path.basename(latest)}")
 
         return on_instance(checkpoint, STEP_END, timed)
