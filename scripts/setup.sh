@@ -72,6 +72,19 @@ if [ ! -f "$NEWER_MINDSPORE/.installed" ]; then
   touch "$NEWER_MINDSPORE/.installed"
   echo "installed mindspore 2.10.0 in $NEWER_MINDSPORE: $((SECONDS - started)) s"
 fi
+# The newest MindFormers that installs beside a MindSpore the registry has, with that MindSpore (never on sys.path
+# unless a test puts it there): MindFormers 1.9.0 asks for MindSpore ~= 2.9.0 (2.0 needs hyper-parallel, which no
+# registry holds; 2.1.0 asks for MindSpore 2.11, which the registry does not have). Its dependencies are the pinned
+# release's. The MindFormers tests run against it in tests/mindspore/test_mindformers_newer.py.
+NEWER_MINDFORMERS="$VENV/mindformers-1.9"
+if [ ! -f "$NEWER_MINDFORMERS/.installed" ]; then
+  started=$SECONDS
+  rm -rf "$NEWER_MINDFORMERS"
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --only-binary=:all: \
+    --target "$NEWER_MINDFORMERS" mindspore==2.9.0 mindformers==1.9.0
+  touch "$NEWER_MINDFORMERS/.installed"
+  echo "installed mindformers 1.9.0 + mindspore 2.9.0 in $NEWER_MINDFORMERS: $((SECONDS - started)) s"
+fi
 # The real MindCluster TaskD (its Python package and libtaskd.so), built offline from the vendored source
 # beside the repository; rebuilt only when that tarball or its build script changes. Never on sys.path:
 # under FT_PLUGINS=auto an importable taskd switches the taskd feature on everywhere, so only the tests

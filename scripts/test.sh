@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Set up (if needed) and run the whole test suite (what CI runs), in two pytest workers: a module's tests,
-# and modules sharing a run, stay in one worker, so that each run is made once; the longest start first
-# (tests/conftest.py).
+# Set up (if needed) and run the whole test suite (what CI runs) in two lanes, one after the other, each in two
+# pytest workers (a module's tests, and modules sharing a run, stay in one worker, so that each run is made once;
+# the longest start first, tests/conftest.py):
+#   pinned  every test, on the pinned releases, but those of the newest lane
+#   newest  the framework tests run again on the newest releases, installed beside the pinned ones
+# Each lane says its time; the run fails when either does. `--lane pinned|newest`: one lane only.
 # `--fast`: unit and single-process tests only (no multi-rank training run, no launcher job, none that
 # imports a whole framework tree), for working. Any further arguments go to pytest (`-n 0`: one process).
 set -euo pipefail
@@ -17,9 +20,34 @@ FAST=(
   tests/patch/test_codemod.py tests/patch/test_patch_engine.py
   tests/patch/test_patch_revert_safety.py
 )
-if [ "${1:-}" = "--fast" ]; then
-  shift
-  set -- "${FAST[@]}" "$@"
-fi
+NEWEST=(
+  tests/hf/test_transformers_5.py tests/torch_megatron/test_megatron_newer_dump.py tests/checkpoint/test_megatron_newer.py
+  tests/mindspore/test_mindspore_newer.py tests/mindspore/test_mindformers_newer.py
+)
+lanes=(pinned newest)
+case "${1:-}" in
+  --fast)
+    shift
+    bash scripts/setup.sh
+    exec .venv/bin/python -m pytest -n 2 "${FAST[@]}" "$@" ;;
+  --lane)
+    case "${2:-}" in
+      pinned|newest) lanes=("$2"); shift 2 ;;
+      *) echo "test.sh: --lane takes pinned or newest, not '${2:-}'" >&2; exit 2 ;;
+    esac ;;
+esac
 bash scripts/setup.sh
-exec .venv/bin/python -m pytest -n 2 "$@"
+failed=0
+for lane in "${lanes[@]}"; do
+  if [ "$lane" = pinned ]; then
+    selection=("${NEWEST[@]/#/--ignore=}")
+  else
+    selection=("${NEWEST[@]}")
+  fi
+  started=$SECONDS
+  status=0
+  .venv/bin/python -m pytest -n 2 "${selection[@]}" "$@" || status=$?
+  if [ "$status" = 0 ]; then verdict=passed; else verdict="FAILED (pytest exit $status)"; failed=1; fi
+  echo "lane $lane: $verdict in $((SECONDS - started)) s"
+done
+exit "$failed"

@@ -21,6 +21,7 @@ MEGATRON_EXAMPLE = REPO / "examples" / "megatron_gpt" / "pretrain_gpt.py"
 NEWER_MEGATRON = Path(sys.prefix) / "megatron-core-0.19"
 NEWER_TRANSFORMERS = Path(sys.prefix) / "transformers-5"  # scripts/requirements-transformers-5.txt
 NEWER_MINDSPORE = Path(sys.prefix) / "mindspore-2.10"
+NEWER_MINDFORMERS = Path(sys.prefix) / "mindformers-1.9"  # with MindSpore 2.9.0, the release it asks for
 
 
 def old_mindio(root: Path) -> None:

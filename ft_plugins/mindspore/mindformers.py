@@ -3,7 +3,7 @@
 MindFormers resumes (``resume_training: True`` or a file name, ``load_checkpoint`` a folder or a file)
 inside ``BaseTrainer.training_process``, long before it builds the callbacks: it reads the epoch and
 step from the file it chose (``load_resume_context_from_checkpoint``), skips data to that step, then
-loads the file. Every version from 1.3 to 1.8 calls that function of ``mindformers.trainer.utils``
+loads the file. Every version from 1.3 to 1.9 calls that function of ``mindformers.trainer.utils``
 there, and ``check_runner_config`` right after the resume decision. Wrapping the first, ft_plugins
 puts the newest intact checkpoint in its place (each skipped one logged with its reason); MindFormers
 then reads, skips and loads as it does itself. The second records what MindFormers decided, so the
@@ -78,12 +78,31 @@ def resume_feature(callbacks: Any) -> Resume | None:
     return None
 
 
+def _load_path(config: Any) -> str:
+    """What MindFormers loads: ``checkpoint.load_path`` from 1.9 on (the YAML's ``load_checkpoint``, moved into a
+    ``checkpoint`` section), ``load_checkpoint`` before."""
+    section = _checkpoint_section(config)
+    return str((section["load_path"] if section is not None else getattr(config, "load_checkpoint", "")) or "")
+
+
+def _set_load_path(config: Any, path: str) -> None:
+    section = _checkpoint_section(config)
+    if section is not None:
+        section["load_path"] = path
+    config.load_checkpoint = path
+
+
+def _checkpoint_section(config: Any) -> Any:
+    section = getattr(config, "checkpoint", None)
+    return section if isinstance(section, Mapping) and "load_path" in section else None
+
+
 def choose(config: Any, feature: Resume) -> None:
-    """Point MindFormers' resume at the newest intact checkpoint: ``config.load_checkpoint`` becomes that file.
+    """Point MindFormers' resume at the newest intact checkpoint: what it loads (:func:`load_path`) becomes that file.
 
     The file MindFormers picked (``resume_training`` holds its name by now: the user's, or the one its
-    ``meta.json`` names; or ``load_checkpoint`` is a file) is kept when intact."""
-    load, rank = str(config.load_checkpoint), global_rank() or 0
+    ``meta.json`` names; or the load path is a file) is kept when intact."""
+    load, rank = _load_path(config), global_rank() or 0
     if os.path.isdir(load):
         root = load
         named = os.path.join(load, f"rank_{rank}", config.resume_training) \
@@ -105,10 +124,12 @@ def choose(config: Any, feature: Resume) -> None:
     selection = feature.choose(root, rank=rank)
     if selection.path is None:
         log.warning("resume: nothing intact to resume from in %s; MindFormers starts from scratch", root)
-        config.resume_training, config.load_checkpoint = False, ""
+        config.resume_training = False
+        _set_load_path(config, "")
         return
     log.info("resume: MindFormers resumes from %s (step %s)", selection.path, selection.iteration)
-    config.resume_training, config.load_checkpoint = True, selection.path
+    config.resume_training = True
+    _set_load_path(config, selection.path)
 
 
 def _guard(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -117,7 +138,7 @@ def _guard(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     feature = resume_feature(getattr(config, "callbacks", None))
     if feature is not None:
         choose(config, feature)
-        if not config.load_checkpoint:  # none intact and allow_scratch on: MindFormers' fresh start
+        if not _load_path(config):  # none intact and allow_scratch on: MindFormers' fresh start
             config.runner_config.initial_epoch = config.runner_config.initial_step = 0
             return None
     return wrapped(*args, **kwargs)
@@ -128,7 +149,7 @@ def _record(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     global _run
     config = kwargs.get("config", args[0] if args else None)
     runner = getattr(config, "runner_config", None)
-    resume, load = getattr(config, "resume_training", False), str(getattr(config, "load_checkpoint", "") or "")
+    resume, load = getattr(config, "resume_training", False), _load_path(config)
     if isinstance(resume, str) and os.path.isdir(load):  # MindFormers loads rank_<r>/<name> of that folder
         load = os.path.join(load, f"rank_{global_rank() or 0}", resume)
     _run = TrainerRun(bool(resume), load, int(getattr(runner, "initial_step", 0) or 0))
@@ -136,7 +157,7 @@ def _record(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def _missing(patches: PatchSet, error: MissingSymbol) -> None:
-    log.warning("resume: MindFormers' resume is not guarded: %s (MindFormers 1.3 to 1.8 have it)", error)
+    log.warning("resume: MindFormers' resume is not guarded: %s (MindFormers 1.3 to 1.9 have it)", error)
 
 
 _patches = PatchSet("mindformers-resume", (Patch(UTILS, "load_resume_context_from_checkpoint", _guard),

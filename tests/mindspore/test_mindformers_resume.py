@@ -1,12 +1,12 @@
 """MindFormers' own launch path, resuming the way MindFormers documents it (``resume_training: True``,
 ``load_checkpoint: ./output/checkpoint``), with ft_plugins reached only through its start-up hook.
 
-Real MindFormers 1.8.0 on CPU: ``fixtures/run_mindformer.py`` (run_mindformer.py's train path), a tiny
-LLaMA (1 layer, hidden 32, vocab 128, seq 16), a MindRecord of synthetic tokens, 4 steps an epoch, a
-save every 2 steps. One uninterrupted run of 16 steps is the reference. The crash: a copy of its saves
-up to step 8, the step-8 file cut in half (MindFormers' meta.json names it). Resumed to step 12, then
-resumed again to 16; the same resume without ft_plugins is the negative control. Each run is a
-subprocess in its own directory (MindFormers writes ./output).
+Real MindFormers 1.8.0 on CPU (1.9.0 in the newest lane, test_mindformers_newer.py): ``fixtures/run_mindformer.py``
+(run_mindformer.py's train path), a tiny LLaMA (1 layer, hidden 32, vocab 128, seq 16), a MindRecord of synthetic
+tokens, 4 steps an epoch, a save every 2 steps. One uninterrupted run of 16 steps is the reference. The crash: a
+copy of its saves up to step 8, the step-8 file cut in half (MindFormers' meta.json names it). Resumed to step 12,
+then resumed again to 16; the same resume without ft_plugins is the negative control. Each run is a subprocess in
+its own directory (MindFormers writes ./output) and says which MindFormers it trained on.
 """
 
 from __future__ import annotations
@@ -122,15 +122,15 @@ def _launch(directory: Path, data: Path, epochs: int, resume: bool, ft_plugins: 
     config.write_text(YAML.format(load_checkpoint="./output/checkpoint" if resume else "", resume=resume,
                                   epochs=epochs, data=data, fault_tolerance=FAULT_TOLERANCE if ft_plugins else ""))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "FT_FAKE", "MS_ENABLE_TFT"))}
-    env["PYTHONPATH"] = str(FAKES)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FAKES), os.environ.get("PYTHONPATH")]))  # newer releases too
     site = ""
     if ft_plugins:
         site_dir = directory / "site"
         site_dir.mkdir(exist_ok=True)
         shutil.copy(HOOK, site_dir)
         site = f"import site; site.addsitedir({str(site_dir)!r}); "
-    script = (f"{site}import runpy, sys; sys.argv = [{str(ENTRY)!r}, {str(config)!r}]; "
-              f"runpy.run_path({str(ENTRY)!r}, run_name='__main__')")
+    script = (f"{site}import mindformers, runpy, sys; print('MindFormers', mindformers.__version__, file=sys.stderr); "
+              f"sys.argv = [{str(ENTRY)!r}, {str(config)!r}]; runpy.run_path({str(ENTRY)!r}, run_name='__main__')")
     result = subprocess.run([sys.executable, "-c", script], cwd=directory, env=env, capture_output=True, text=True,
                             timeout=900)
     return Run(directory, result.returncode, result.stdout + result.stderr)
@@ -190,8 +190,11 @@ def resumed_again(resumed: Run, data: Path) -> Run:
 
 
 def test_reference_run_saves_every_two_steps_with_true_steps_recorded(reference: Run) -> None:
+    import mindformers
+
     from ft_plugins.checkpoint.layouts.mindspore import recorded_step
 
+    assert f"MindFormers {mindformers.__version__}\n" in reference.output  # the runs train on the tests' MindFormers
     rank_dir = reference.checkpoints / "rank_0"
     assert sorted(reference.losses) == list(range(1, 17))
     assert sorted(recorded_step(str(p)) for p in rank_dir.glob("*.ckpt")) == [2, 4, 6, 8, 10, 12, 14, 16]
@@ -268,11 +271,25 @@ def crashed(tmp_path_factory: pytest.TempPathFactory, reference: Run) -> Path:
     return _crashed_copy(reference, tmp_path_factory.mktemp("crashed")) / "output" / "checkpoint"
 
 
-def _config(load_checkpoint: Path, resume_training: bool | str = True) -> object:
-    """MindFormers' config as its resume step sees it (only the fields the guard reads or writes)."""
+LAYOUTS = ("load_checkpoint", "checkpoint.load_path")  # where MindFormers keeps what it loads: to 1.8, from 1.9
+
+
+def _config(load_checkpoint: Path, resume_training: bool | str = True, layout: str = LAYOUTS[0]) -> object:
+    """MindFormers' config as its resume step sees it (only the fields the guard reads or writes); from 1.9 the
+    YAML's ``load_checkpoint`` is read from a ``checkpoint`` section's ``load_path``."""
     from types import SimpleNamespace
 
-    return SimpleNamespace(load_checkpoint=str(load_checkpoint), resume_training=resume_training)
+    config = SimpleNamespace(load_checkpoint=str(load_checkpoint), resume_training=resume_training)
+    if layout == "checkpoint.load_path":
+        config.load_checkpoint = "left as the YAML had it: MindFormers 1.9 does not read it"
+        config.checkpoint = {"load_path": str(load_checkpoint), "no_load_optim": False}
+    return config
+
+
+def _loaded(config: object) -> str:
+    """What MindFormers loads, where its release reads it."""
+    section = getattr(config, "checkpoint", None)
+    return section["load_path"] if section is not None else config.load_checkpoint
 
 
 def _resume(**options: object) -> object:
@@ -282,26 +299,29 @@ def _resume(**options: object) -> object:
                                                        "resume": options}])
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("load, pick, expected", [
     ("folder", "tiny_rank_0-2_4.ckpt", "tiny_rank_0-2_2.ckpt"),  # MindFormers' meta.json pick, cut in half
     ("folder", "tiny_rank_0-1_4.ckpt", "tiny_rank_0-1_4.ckpt"),  # a named intact file is kept
     ("file", "tiny_rank_0-2_4.ckpt", "tiny_rank_0-2_2.ckpt"),
     ("file", "tiny_rank_0-1_2.ckpt", "tiny_rank_0-1_2.ckpt"),
 ])
-def test_guard_replaces_only_a_broken_pick(crashed: Path, load: str, pick: str, expected: str) -> None:
+def test_guard_replaces_only_a_broken_pick(crashed: Path, load: str, pick: str, expected: str, layout: str) -> None:
     from ft_plugins.mindspore.mindformers import choose
 
     rank_dir = crashed / "rank_0"
-    config = _config(crashed, pick) if load == "folder" else _config(rank_dir / pick)
+    config = _config(crashed, pick, layout) if load == "folder" else _config(rank_dir / pick, layout=layout)
     choose(config, _resume())
     if expected == pick:
-        assert (config.load_checkpoint, config.resume_training) == ((str(crashed), pick) if load == "folder"
-                                                                    else (str(rank_dir / pick), True))
+        assert (_loaded(config), config.resume_training) == ((str(crashed), pick) if load == "folder"
+                                                             else (str(rank_dir / pick), True))
     else:
-        assert (config.load_checkpoint, config.resume_training) == (str(rank_dir / expected), True)
+        assert (_loaded(config), config.resume_training) == (str(rank_dir / expected), True)
+        assert config.load_checkpoint == _loaded(config)  # both kept in step where both are
 
 
-def test_guard_stops_before_training_when_nothing_is_intact(crashed: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_guard_stops_before_training_when_nothing_is_intact(crashed: Path, tmp_path: Path, layout: str) -> None:
     from ft_plugins.features.resume import NoIntactCheckpoint
     from ft_plugins.mindspore.mindformers import choose
 
@@ -310,10 +330,10 @@ def test_guard_stops_before_training_when_nothing_is_intact(crashed: Path, tmp_p
     for ckpt in (broken / "rank_0").glob("*.ckpt"):
         ckpt.write_bytes(ckpt.read_bytes()[:100])
     with pytest.raises(NoIntactCheckpoint, match="none is intact"):
-        choose(_config(broken), _resume())
-    config = _config(broken)
+        choose(_config(broken, layout=layout), _resume())
+    config = _config(broken, layout=layout)
     choose(config, _resume(allow_scratch=True))
-    assert (config.load_checkpoint, config.resume_training) == ("", False)
+    assert (_loaded(config), config.load_checkpoint, config.resume_training) == ("", "", False)
 
 
 def test_guard_acts_only_for_a_yaml_entry_with_resume() -> None:
