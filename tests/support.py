@@ -24,6 +24,22 @@ NEWER_MINDSPORE = Path(sys.prefix) / "mindspore-2.10"
 NEWER_MINDFORMERS = Path(sys.prefix) / "mindformers-1.9"  # with MindSpore 2.9.0, the release it asks for
 
 
+
+def first_on_path(side_dir: Path) -> dict[str, str]:
+    """This environment with ``side_dir`` (a newer release installed beside the pinned one) first on
+    ``PYTHONPATH``, for a child and every process it starts."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(side_dir), os.environ.get("PYTHONPATH")]))}
+
+
+def assert_child_pytest_passes(modules: Iterable[Path], env: dict[str, str], at_least: int) -> None:
+    """One child pytest of ``modules`` in ``env``: every test passes (at least ``at_least``), none skipped."""
+    run = subprocess.run([PYTHON, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-rfEs",
+                          *(str(module) for module in modules)], env=env, capture_output=True, text=True, timeout=1200)
+    summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr[-2000:]
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+    passed = re.search(r"(\d+) passed", summary)
+    assert passed and int(passed.group(1)) >= at_least and not re.search(r"skipped|failed|error", summary), summary
+
 def old_mindio(root: Path) -> None:
     """A ``mindio_ttp`` from before the tft_* rename (ttp_* functions only) under ``root``."""
     package = root / "mindio_ttp"

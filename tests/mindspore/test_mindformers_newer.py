@@ -9,17 +9,14 @@ which the registry does not have.
 
 from __future__ import annotations
 
-import os
-import re
 import subprocess
 from pathlib import Path
 
-from support import NEWER_MINDFORMERS, PYTHON
+from support import NEWER_MINDFORMERS, PYTHON, assert_child_pytest_passes, first_on_path
 
 HERE = Path(__file__).resolve().parent
 MODULES = ("test_mindformers.py", "test_mindformers_resume.py")
-NEWEST = {**os.environ,
-          "PYTHONPATH": os.pathsep.join(filter(None, [str(NEWER_MINDFORMERS), os.environ.get("PYTHONPATH")]))}
+NEWEST = first_on_path(NEWER_MINDFORMERS)
 
 
 def test_the_newest_mindformers_pair_is_the_one_the_tests_import() -> None:
@@ -32,10 +29,4 @@ def test_the_newest_mindformers_pair_is_the_one_the_tests_import() -> None:
 
 
 def test_the_mindformers_tests_pass_on_mindformers_1_9() -> None:
-    run = subprocess.run([PYTHON, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-rfEs",
-                          *(str(HERE / module) for module in MODULES)],
-                         env=NEWEST, capture_output=True, text=True, timeout=1200)
-    summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr[-2000:]
-    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
-    passed = re.search(r"(\d+) passed", summary)
-    assert passed and int(passed.group(1)) >= 32 and not re.search(r"skipped|failed|error", summary), summary
+    assert_child_pytest_passes((HERE / module for module in MODULES), NEWEST, at_least=32)

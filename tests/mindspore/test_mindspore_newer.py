@@ -9,18 +9,15 @@ assertions; MindFormers is not among them (the MindFormers that asks for MindSpo
 
 from __future__ import annotations
 
-import os
-import re
 import subprocess
 from pathlib import Path
 
-from support import NEWER_MINDSPORE, PYTHON
+from support import NEWER_MINDSPORE, PYTHON, assert_child_pytest_passes, first_on_path
 
 HERE = Path(__file__).resolve().parent
 MODULES = ("test_model_train.py", "test_dump.py", "test_step_hook.py", "test_ttp.py", "test_commit.py", "test_hangs.py",
            "test_msrun.py")
-NEWEST = {**os.environ,
-          "PYTHONPATH": os.pathsep.join(filter(None, [str(NEWER_MINDSPORE), os.environ.get("PYTHONPATH")]))}
+NEWEST = first_on_path(NEWER_MINDSPORE)
 
 
 def test_the_newest_mindspore_is_the_one_the_tests_import() -> None:
@@ -31,10 +28,4 @@ def test_the_newest_mindspore_is_the_one_the_tests_import() -> None:
 
 
 def test_the_mindspore_tests_pass_on_mindspore_2_10() -> None:
-    run = subprocess.run([PYTHON, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-rfEs",
-                          *(str(HERE / module) for module in MODULES)],
-                         env=NEWEST, capture_output=True, text=True, timeout=1200)
-    summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr[-2000:]
-    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
-    passed = re.search(r"(\d+) passed", summary)
-    assert passed and int(passed.group(1)) >= 78 and not re.search(r"skipped|failed|error", summary), summary
+    assert_child_pytest_passes((HERE / module for module in MODULES), NEWEST, at_least=78)
