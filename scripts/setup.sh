@@ -49,17 +49,20 @@ if [ ! -f "$NEWER_MEGATRON/.installed" ]; then
   echo "installed megatron-core 0.19.0 + triton in $NEWER_MEGATRON: $((SECONDS - started)) s," \
     "$(du -sh "$NEWER_MEGATRON" | cut -f1)"
 fi
-# The newest transformers beside the pinned 4.57 (never on sys.path unless a test puts it there): the Trainer
-# tests of the 5.x line (tests/hf/test_transformers_5.py) run against it.
-NEWER_TRANSFORMERS="$VENV/transformers-5"
-transformers_want="$(sha256sum < scripts/requirements-transformers-5.txt | cut -d' ' -f1)"
-if [ "$(cat "$NEWER_TRANSFORMERS/.installed" 2>/dev/null)" != "$transformers_want" ]; then
-  rm -rf "$NEWER_TRANSFORMERS"
-  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --only-binary=:all: \
-    --target "$NEWER_TRANSFORMERS" -r scripts/requirements-transformers-5.txt
-  echo "$transformers_want" > "$NEWER_TRANSFORMERS/.installed"
-  echo "installed transformers 5 in $NEWER_TRANSFORMERS"
-fi
+# The newest transformers and the first of the 5.x line beside the pinned 4.57 (never on sys.path unless a test puts
+# them there): the Trainer tests of the 5.x line (tests/hf/test_transformers_5.py) run against each.
+for requirements in scripts/requirements-transformers-5.txt scripts/requirements-transformers-5.0.txt; do
+  side="$VENV/$(basename "$requirements" .txt)"
+  side="${side/requirements-/}"
+  transformers_want="$(sha256sum < "$requirements" | cut -d' ' -f1)"
+  if [ "$(cat "$side/.installed" 2>/dev/null)" != "$transformers_want" ]; then
+    rm -rf "$side"
+    "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --only-binary=:all: \
+      --target "$side" -r "$requirements"
+    echo "$transformers_want" > "$side/.installed"
+    echo "installed $(grep -m1 '^transformers==' "$requirements") in $side"
+  fi
+done
 # The newest MindSpore beside the pinned 2.7.2 (never on sys.path unless a test puts it there): the MindSpore tests
 # of tests/mindspore/test_mindspore_newer.py run against it. Its dependencies are the pinned release's; the
 # MindFormers that asks for it (2.0) needs hyper-parallel, which no package registry holds.

@@ -19,7 +19,10 @@ TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 MEGATRON_EXAMPLE = REPO / "examples" / "megatron_gpt" / "pretrain_gpt.py"
 # megatron-core 0.19 beside the venv's 0.17 (scripts/setup.sh installs it); put first on PYTHONPATH to use it
 NEWER_MEGATRON = Path(sys.prefix) / "megatron-core-0.19"
-NEWER_TRANSFORMERS = Path(sys.prefix) / "transformers-5"  # scripts/requirements-transformers-5.txt
+# the newest transformers (scripts/requirements-transformers-5.txt), or the side directory the child pytest of
+# tests/hf/test_transformers_5_first.py names (the first 5.x release, scripts/requirements-transformers-5.0.txt)
+NEWER_TRANSFORMERS = Path(os.environ.get("FT_TEST_TRANSFORMERS_5_DIR") or Path(sys.prefix) / "transformers-5")
+FIRST_TRANSFORMERS_5 = Path(sys.prefix) / "transformers-5.0"
 NEWER_MINDSPORE = Path(sys.prefix) / "mindspore-2.10"
 NEWER_MINDFORMERS = Path(sys.prefix) / "mindformers-1.9"  # with MindSpore 2.9.0, the release it asks for
 
