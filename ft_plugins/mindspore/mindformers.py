@@ -98,7 +98,8 @@ def _checkpoint_section(config: Any) -> Any:
 
 
 def choose(config: Any, feature: Resume) -> None:
-    """Point MindFormers' resume at the newest intact checkpoint: what it loads (:func:`load_path`) becomes that file.
+    """Point MindFormers' resume at the newest intact checkpoint: what it loads becomes that file (in the field
+    where its release keeps it, :func:`_load_path`).
 
     The file MindFormers picked (``resume_training`` holds its name by now: the user's, or the one its
     ``meta.json`` names; or the load path is a file) is kept when intact."""
