@@ -49,45 +49,34 @@ if [ ! -f "$NEWER_MEGATRON/.installed" ]; then
   echo "installed megatron-core 0.19.0 + triton in $NEWER_MEGATRON: $((SECONDS - started)) s," \
     "$(du -sh "$NEWER_MEGATRON" | cut -f1)"
 fi
-# The newest transformers and the first of the 5.x line beside the pinned 4.57 (never on sys.path unless a test puts
-# them there): the Trainer tests of the 5.x line (tests/hf/test_transformers_5.py) run against each.
+# install_beside DIR PIP_ARGS...: a newer release installed into DIR beside the pinned one, never on sys.path
+# unless a test puts it there, its dependencies the pinned environment's (--no-deps); again only when what it is
+# installed from changed (the arguments, or the requirements file's content), which DIR's marker holds.
+install_beside() {
+  local side=$1 started=$SECONDS
+  shift
+  local want="$*"
+  if [ "$1" = -r ]; then want="$(sha256sum < "$2" | cut -d' ' -f1)"; fi
+  if [ "$(cat "$side/.installed" 2>/dev/null)" != "$want" ]; then
+    rm -rf "$side"
+    "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --only-binary=:all: --target "$side" "$@"
+    echo "$want" > "$side/.installed"
+    echo "installed $* in $side: $((SECONDS - started)) s"
+  fi
+}
+# The newest transformers and the first of the 5.x line beside the pinned 4.57: the Trainer tests of the 5.x line
+# (tests/hf/test_transformers_5.py) run against each.
 for requirements in scripts/requirements-transformers-5.txt scripts/requirements-transformers-5.0.txt; do
   side="$VENV/$(basename "$requirements" .txt)"
-  side="${side/requirements-/}"
-  transformers_want="$(sha256sum < "$requirements" | cut -d' ' -f1)"
-  if [ "$(cat "$side/.installed" 2>/dev/null)" != "$transformers_want" ]; then
-    rm -rf "$side"
-    "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --only-binary=:all: \
-      --target "$side" -r "$requirements"
-    echo "$transformers_want" > "$side/.installed"
-    echo "installed $(grep -m1 '^transformers==' "$requirements") in $side"
-  fi
+  install_beside "${side/requirements-/}" -r "$requirements"
 done
-# The newest MindSpore beside the pinned 2.7.2 (never on sys.path unless a test puts it there): the MindSpore tests
-# of tests/mindspore/test_mindspore_newer.py run against it. Its dependencies are the pinned release's; the
-# MindFormers that asks for it (2.0) needs hyper-parallel, which no package registry holds.
-NEWER_MINDSPORE="$VENV/mindspore-2.10"
-if [ ! -f "$NEWER_MINDSPORE/.installed" ]; then
-  started=$SECONDS
-  rm -rf "$NEWER_MINDSPORE"
-  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --only-binary=:all: \
-    --target "$NEWER_MINDSPORE" mindspore==2.10.0
-  touch "$NEWER_MINDSPORE/.installed"
-  echo "installed mindspore 2.10.0 in $NEWER_MINDSPORE: $((SECONDS - started)) s"
-fi
-# The newest MindFormers that installs beside a MindSpore the registry has, with that MindSpore (never on sys.path
-# unless a test puts it there): MindFormers 1.9.0 asks for MindSpore ~= 2.9.0 (2.0 needs hyper-parallel, which no
-# registry holds; 2.1.0 asks for MindSpore 2.11, which the registry does not have). Its dependencies are the pinned
-# release's. The MindFormers tests run against it in tests/mindspore/test_mindformers_newer.py.
-NEWER_MINDFORMERS="$VENV/mindformers-1.9"
-if [ ! -f "$NEWER_MINDFORMERS/.installed" ]; then
-  started=$SECONDS
-  rm -rf "$NEWER_MINDFORMERS"
-  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --only-binary=:all: \
-    --target "$NEWER_MINDFORMERS" mindspore==2.9.0 mindformers==1.9.0
-  touch "$NEWER_MINDFORMERS/.installed"
-  echo "installed mindformers 1.9.0 + mindspore 2.9.0 in $NEWER_MINDFORMERS: $((SECONDS - started)) s"
-fi
+# The newest MindSpore beside the pinned 2.7.2: the MindSpore tests of tests/mindspore/test_mindspore_newer.py run
+# against it. The MindFormers that asks for it (2.0) needs hyper-parallel, which no package registry holds.
+install_beside "$VENV/mindspore-2.10" mindspore==2.10.0
+# The newest MindFormers that installs beside a MindSpore the registry has, with that MindSpore: MindFormers 1.9.0
+# asks for MindSpore ~= 2.9.0 (2.0 needs hyper-parallel, which no registry holds; 2.1.0 asks for MindSpore 2.11,
+# which the registry does not have). The MindFormers tests run against it in tests/mindspore/test_mindformers_newer.py.
+install_beside "$VENV/mindformers-1.9" mindspore==2.9.0 mindformers==1.9.0
 # The real MindCluster TaskD (its Python package and libtaskd.so), built offline from the vendored source
 # beside the repository; rebuilt only when that tarball or its build script changes. Never on sys.path:
 # under FT_PLUGINS=auto an importable taskd switches the taskd feature on everywhere, so only the tests

@@ -26,12 +26,15 @@ FIRST_TRANSFORMERS_5 = Path(sys.prefix) / "transformers-5.0"
 NEWER_MINDSPORE = Path(sys.prefix) / "mindspore-2.10"
 NEWER_MINDFORMERS = Path(sys.prefix) / "mindformers-1.9"  # with MindSpore 2.9.0, the release it asks for
 
+def path_first(directory: Path) -> str:
+    """This process's ``PYTHONPATH`` with ``directory`` first: for a child that must import from it."""
+    return os.pathsep.join(filter(None, [str(directory), os.environ.get("PYTHONPATH")]))
 
 
 def first_on_path(side_dir: Path) -> dict[str, str]:
     """This environment with ``side_dir`` (a newer release installed beside the pinned one) first on
     ``PYTHONPATH``, for a child and every process it starts."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(side_dir), os.environ.get("PYTHONPATH")]))}
+    return {**os.environ, "PYTHONPATH": path_first(side_dir)}
 
 
 def assert_child_pytest_passes(modules: Iterable[Path], env: dict[str, str], at_least: int) -> None:
@@ -42,6 +45,7 @@ def assert_child_pytest_passes(modules: Iterable[Path], env: dict[str, str], at_
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
     passed = re.search(r"(\d+) passed", summary)
     assert passed and int(passed.group(1)) >= at_least and not re.search(r"skipped|failed|error", summary), summary
+
 
 def old_mindio(root: Path) -> None:
     """A ``mindio_ttp`` from before the tft_* rename (ttp_* functions only) under ``root``."""

@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 
 from hf_runs import Job, run_trainer, same_state
-from support import NEWER_TRANSFORMERS, PYTHON, assert_agrees
+from support import NEWER_TRANSFORMERS, PYTHON, assert_agrees, path_first
 
 from ft_plugins.checkpoint import verify
 from ft_plugins.checkpoint.manifest import MANIFEST
 
-NEWEST = {"PYTHONPATH": os.pathsep.join(filter(None, [str(NEWER_TRANSFORMERS), os.environ.get("PYTHONPATH")]))}
+NEWEST = {"PYTHONPATH": path_first(NEWER_TRANSFORMERS)}
 ARGS = ("--steps", "10", "--save-steps", "2", "--limit", "2")
 TIMED = Path(__file__).resolve().parent / "fixtures" / "timed_train.py"  # the example with its steps' times
 # each side directory's release: its version, Trainer._rotate_checkpoints there, trainer_utils.rotate_checkpoints there

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from support import FAKES, REPO
+from support import FAKES, REPO, path_first
 
 ENTRY = Path(__file__).resolve().parent / "fixtures" / "run_mindformer.py"
 HOOK = REPO / "ft_plugins" / "mindspore" / "ft-plugins-mindformers.pth"
@@ -122,7 +122,7 @@ def _launch(directory: Path, data: Path, epochs: int, resume: bool, ft_plugins: 
     config.write_text(YAML.format(load_checkpoint="./output/checkpoint" if resume else "", resume=resume,
                                   epochs=epochs, data=data, fault_tolerance=FAULT_TOLERANCE if ft_plugins else ""))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "FT_FAKE", "MS_ENABLE_TFT"))}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FAKES), os.environ.get("PYTHONPATH")]))  # newer releases too
+    env["PYTHONPATH"] = path_first(FAKES)  # and the newer releases a child pytest puts on the path
     site = ""
     if ft_plugins:
         site_dir = directory / "site"

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from support import FAKES, read_records
+from support import FAKES, path_first, read_records
 from ttp_runs import ITERS, Job, committed_dump, resumed_to_the_end, run_job, same_as_reference
 
 STEP = 3  # completed steps when rank 1 dies
@@ -29,7 +29,7 @@ MINDSPEED_ENTRY = Path(__file__).resolve().parent / "fixtures" / "mindspeed_entr
 
 
 def _with_mindio(record: Path) -> dict[str, str]:
-    path = os.pathsep.join(filter(None, [str(FAKES), os.environ.get("PYTHONPATH", "")]))
+    path = path_first(FAKES)
     return {"PYTHONPATH": path, "FT_FAKE_RECORD": str(record), "FT_PLUGINS": "ttp,resume", "TTP_ADDR": "127.0.0.1"}
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from support import FAKES, assert_bit_identical, read_records
+from support import FAKES, assert_bit_identical, path_first, read_records
 from report_check import check_faults
 from ttp_runs import (ITERS, Job, Launch, committed_dump, mindio_env, resumed_to_the_end, run_supervised,
                       same_as_reference)
@@ -88,7 +88,7 @@ def test_one_rank_lost_in_each_instance_nothing_committed_and_each_survivor_says
 def mindio_one_lost(tmp_path_factory: pytest.TempPathFactory) -> tuple[Job, list[dict[str, Any]]]:
     workdir = tmp_path_factory.mktemp("replicated_mindio")
     record = workdir / "mindio.jsonl"
-    path = os.pathsep.join(filter(None, [str(FAKES), os.environ.get("PYTHONPATH", "")]))
+    path = path_first(FAKES)
     job = DISTRIBUTED.run(workdir, *FAR, **TTP, PYTHONPATH=path, FT_FAKE_RECORD=str(record), TTP_ADDR="127.0.0.1",
                           FT_PLUGINS_INJECT_FAULT=f"rank=1,step={STEP},kind=kill")
     return job, read_records(record)

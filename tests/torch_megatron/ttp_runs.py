@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from support import FAKES, MEGATRON_EXAMPLE, TORCHRUN, free_port, run_to_end
+from support import FAKES, MEGATRON_EXAMPLE, TORCHRUN, free_port, path_first, run_to_end
 
 ITERS = 6
 
@@ -66,13 +66,13 @@ def run_supervised(workdir: Path, launch: "Launch", *args: str, launcher: tuple[
 def slow_disk(write: float, grace: float) -> dict[str, str]:
     """A job's environment where every checkpoint write takes ``write`` seconds more in its first attempt and
     torchrun stops its workers with ``grace`` seconds, not its fixed 30 (``tests/fakes/slow_disk``)."""
-    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(FAKES / "slow_disk"), os.environ.get("PYTHONPATH")])),
+    return {"PYTHONPATH": path_first(FAKES / "slow_disk"),
             "FT_FAKE_SLOW_WRITE": str(write), "FT_FAKE_TORCHRUN_GRACE": str(grace)}
 
 
 def mindio_env(record: Path) -> dict[str, str]:
     """A job's environment with MindIO's stand-in on the path (ttp's MindIO engine, ARF on), recording to ``record``."""
-    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(FAKES), os.environ.get("PYTHONPATH", "")])),
+    return {"PYTHONPATH": path_first(FAKES),
             "FT_FAKE_RECORD": str(record), "TTP_ADDR": "127.0.0.1", "TTP_PORT": str(free_port())}
 
 
