@@ -121,9 +121,20 @@ def grace_for(found: Measured | None, default: float) -> float:
     return default if found is None else max(default, float(math.ceil(needed(found))))
 
 
+def amount(count: float, unit: str = "B") -> str:
+    """``count`` bytes (or bytes a second, ``unit="B/s"``) in the unit that shows it: 251 B, 3.4 MB, 425 MB/s,
+    17.00 GB (a tiny state's dump is not "0.00 GB at 0 MB/s")."""
+    for scale, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if count >= scale:
+            value = count / scale
+            places = 2 if (prefix, unit) == ("G", "B") else 1 if value < 100 else 0
+            return f"{value:.{places}f} {prefix}{unit}"
+    return f"{count:.0f} {unit}"
+
+
 def describe(found: Measured) -> str:
-    return (f"a dump needs about {needed(found):.0f} s ({found.written / 1e9:.2f} GB by its largest writer at "
-            f"{found.speed / 1e6:.0f} MB/s, measured on the {found.what})")
+    return (f"a dump needs about {needed(found):.0f} s ({amount(found.written)} by its largest writer at "
+            f"{amount(found.speed, 'B/s')}, measured on the {found.what})")
 
 
 def worker_grace(env: Mapping[str, str]) -> tuple[float, str]:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv with the pinned frameworks (CPU) and ft_plugins built and installed from its wheel. Idempotent:
-# a second run only rebuilds and re-installs ft_plugins unless scripts/requirements.txt or this file changed.
+# a second run only rebuilds and re-installs ft_plugins unless scripts/requirements.txt or the pinned megatron-core
+# changed (the side directories below are reinstalled each when what it is installed from changed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3.11}"
@@ -16,7 +17,8 @@ if ! command -v gcc >/dev/null; then
   fi
 fi
 STAMP="$VENV/.ft_plugins_setup"
-want="$(cat scripts/requirements.txt scripts/setup.sh | sha256sum | cut -d' ' -f1)"
+MEGATRON_PIN=megatron-core==0.17.1
+want="$( (cat scripts/requirements.txt; echo "$MEGATRON_PIN") | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]; then
   echo "setting up $VENV (first run takes a few minutes)..."
   "$PYTHON" -m venv "$VENV"
@@ -25,7 +27,7 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]; then
   # but its files run on 3.11, so it is installed without its metadata check.
   "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --ignore-requires-python \
     --python-version 3.12 --only-binary=:all: --upgrade \
-    --target "$VENV/lib/python3.11/site-packages" megatron-core==0.17.1
+    --target "$VENV/lib/python3.11/site-packages" "$MEGATRON_PIN"
   echo "$want" > "$STAMP"
 fi
 # A newer megatron-core beside it (never on sys.path unless a test puts it there): its torch_dist
@@ -77,6 +79,10 @@ install_beside "$VENV/mindspore-2.10" mindspore==2.10.0
 # asks for MindSpore ~= 2.9.0 (2.0 needs hyper-parallel, which no registry holds; 2.1.0 asks for MindSpore 2.11,
 # which the registry does not have). The MindFormers tests run against it in tests/mindspore/test_mindformers_newer.py.
 install_beside "$VENV/mindformers-1.9" mindspore==2.9.0 mindformers==1.9.0
+# The oldest supported megatron-core, MindSpeed-LLM's base: its wheel holds megatron/core only (megatron/training
+# came with Megatron-LM's source then); tests/torch_megatron/test_megatron_names.py checks the names the glue reaches
+# in megatron.core against it. It imports pkg_resources, which setuptools 81 dropped.
+install_beside "$VENV/megatron-core-0.8" megatron-core==0.8.0 setuptools==80.9.0
 # The real MindCluster TaskD (its Python package and libtaskd.so), built offline from the vendored source
 # beside the repository; rebuilt only when that tarball or its build script changes. Never on sys.path:
 # under FT_PLUGINS=auto an importable taskd switches the taskd feature on everywhere, so only the tests

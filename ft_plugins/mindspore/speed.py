@@ -62,10 +62,10 @@ class WriteSpeed:
         seconds = grace.estimate(dump_bytes, found.speed, fixed=0.0)
         if seconds > MSRUN_GRACE:
             self.said = True
-            log.warning("ttp: a dump needs about %.1f s (%.2f GB, every rank's file, at %.0f MB/s, measured on the "
-                        "%s), longer than msrun's grace: it SIGKILLs every worker within %g s of one's death, so the "
-                        "dump is cut short and the steps since the last save are lost", seconds, dump_bytes / 1e9,
-                        found.speed / 1e6, found.what, MSRUN_GRACE)
+            log.warning("ttp: a dump needs about %.1f s (%s, every rank's file, at %s, measured on the %s), longer "
+                        "than msrun's grace: it SIGKILLs every worker within %g s of one's death, so the dump is cut "
+                        "short and the steps since the last save are lost", seconds, grace.amount(dump_bytes),
+                        grace.amount(found.speed, "B/s"), found.what, MSRUN_GRACE)
 
     def timed_saves(self, checkpoint: Any) -> Callable[[], None]:
         """Rank 0 records each save its ``ModelCheckpoint`` makes in a step end (an asynchronous save's time is

@@ -78,6 +78,13 @@ def test_the_largest_writer_of_a_checkpoint(tmp_path: Path) -> None:
     assert grace.largest_writer(str(tmp_path / "missing")) == 0
 
 
+@pytest.mark.parametrize("count, unit, said", [(251, "B", "251 B"), (50_300, "B", "50.3 kB"), (3.4e6, "B", "3.4 MB"),
+                                               (17 * GB, "B", "17.00 GB"), (1.2e6, "B/s", "1.2 MB/s"),
+                                               (425e6, "B/s", "425 MB/s"), (2.5e9, "B/s", "2.5 GB/s")])
+def test_sizes_and_speeds_are_said_in_the_unit_that_shows_them(count: float, unit: str, said: str) -> None:
+    assert grace.amount(count, unit) == said
+
+
 def test_run_plans_the_grace_the_dump_needs(tmp_path: Path) -> None:
     save = _recorded(tmp_path / "ckpt", SLOW)
     command = [TORCHRUN, "--nproc-per-node", "8", "pretrain_gpt.py", "--save", str(save)]

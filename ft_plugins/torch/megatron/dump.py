@@ -29,7 +29,7 @@ from ft_plugins.faults import RESTART_VAR
 from ft_plugins.features.ttp import Ttp
 from ft_plugins.rank import global_rank
 from ft_plugins.steps import FORWARD, UPDATED, Frozen
-from ft_plugins.torch.megatron.state import (RESUMES_TORCH_FORMAT, megatron, megatron_args, saved_state,
+from ft_plugins.torch.megatron.state import (RESUMES_TORCH_FORMAT, megatron, megatron_args, rng_state, saved_state,
                                              sharded_optimizers)
 from ft_plugins.torch.store import claim
 
@@ -79,7 +79,7 @@ class MegatronDump:
         scheduler = given["opt_param_scheduler"]
         increment = (megatron("core.parallel_state").get_data_parallel_world_size()
                      * parsed.micro_batch_size * megatron("core.num_microbatches_calculator").get_num_microbatches())
-        rng = megatron("training.checkpointing").get_rng_state("torch", None, None)
+        rng = rng_state()
         return MegatronStep(given["model"], given["optimizer"], scheduler, parsed.consumed_train_samples,
                             increment, getattr(scheduler, "num_steps", 0), rng)
 
@@ -150,7 +150,7 @@ class MegatronDump:
         step: MegatronStep = frozen.payload
         if frozen.phase == FORWARD:
             return step, frozen.completed, step.rng, step.consumed
-        rng = megatron("training.checkpointing").get_rng_state("torch", None, None)
+        rng = rng_state()
         if frozen.phase == UPDATED:  # the update is done; finish the step's bookkeeping as train_step would
             if frozen.update_ok and getattr(step.scheduler, "num_steps", None) == step.scheduler_steps:
                 step.scheduler.step(increment=step.increment)

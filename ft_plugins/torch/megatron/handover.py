@@ -17,7 +17,8 @@ import random
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from ft_plugins.torch.megatron.state import RESUMES_TORCH_FORMAT, megatron, saved_state, sharded_optimizers
+from ft_plugins.torch.megatron.state import (RESUMES_TORCH_FORMAT, megatron, megatron_version, optional_megatron,
+                                             saved_state, sharded_optimizers, unwrap_model)
 
 log = logging.getLogger("ft_plugins.recover")
 
@@ -42,6 +43,11 @@ def unsupported(megatron_args: Any) -> str:
     if (form := getattr(megatron_args, "ckpt_format", "torch")) not in RESUMES_TORCH_FORMAT:
         return (f"--ckpt-format {form}: the hand-over moves the state of Megatron's DDP and optimizers as the "
                 f"{' and '.join(RESUMES_TORCH_FORMAT)} formats save it")
+    sharded = getattr(optional_megatron("core.optimizer.distrib_optimizer"), "DistributedOptimizer", None)
+    if getattr(megatron_args, "use_distributed_optimizer", False) and not hasattr(
+            sharded, "get_parameter_state_dp_reshardable"):
+        return (f"--use-distributed-optimizer on megatron-core {megatron_version()}: the hand-over moves the "
+                "optimizer's shards with get_parameter_state_dp_reshardable, which this release does not have")
     return unreplicated(megatron_args)
 
 
@@ -133,7 +139,7 @@ def receive(source: int, group: Any) -> dict[str, Any]:
 
 def apply(state: dict[str, Any], model: Any, optimizer: Any, scheduler: Any) -> None:
     """Load ``state`` into the live objects, as Megatron's ``load_checkpoint`` does."""
-    chunks = megatron("core.utils").unwrap_model(model)
+    chunks = unwrap_model(model)
     for index, chunk in enumerate(chunks):
         chunk.load_state_dict(state["model"] if len(chunks) == 1 else state[f"model{index}"], strict=False)
     # the fp32 main parameters and the loss scaler come with the optimizer's state, exact; reloading the main parameters
@@ -169,9 +175,14 @@ def set_rng(rng_state: Any) -> None:
     torch.set_rng_state(rng["torch_rng_state"])
     torch.cuda.set_rng_state(rng["cuda_rng_state"])
     tracker = tensor_parallel.get_cuda_rng_tracker()
-    graphable = tensor_parallel.is_graph_safe_cuda_rng_tracker(tracker)
-    tracker.set_states({name: tensor_parallel.convert_cuda_rng_state(value, to_graphable=graphable)
-                        for name, value in rng["rng_tracker_states"].items()})
+    states = rng["rng_tracker_states"]
+    # graph-safe trackers (megatron-core 0.16 on) keep their states in another form; earlier releases have neither
+    convert = getattr(tensor_parallel, "convert_cuda_rng_state", None)
+    graph_safe = getattr(tensor_parallel, "is_graph_safe_cuda_rng_tracker", None)
+    if convert is not None and graph_safe is not None:
+        graphable = graph_safe(tracker)
+        states = {name: convert(value, to_graphable=graphable) for name, value in states.items()}
+    tracker.set_states(states)
 
 
 class Batches:

@@ -16,11 +16,12 @@ save completed, as in the uninterrupted run.
 from __future__ import annotations
 
 import gc
+import inspect
 import os
 import traceback
 from typing import Any, Callable
 
-from ft_plugins.torch.megatron.state import megatron
+from ft_plugins.torch.megatron.state import megatron, optional_megatron
 
 TIMERS = ("save-checkpoint", "save-checkpoint-non-persistent")
 
@@ -46,8 +47,9 @@ def save_as_the_loop(iteration: int, objects: tuple[Any, Any, Any], context: Any
     """The replacement's part of the save of ``iteration`` the survivors run again: the loop's own call."""
     model, optimizer, scheduler = objects
     flops = megatron("training.global_vars").get_args().num_floating_point_operations_so_far
-    megatron("training.training").save_checkpoint_and_time(iteration, model, optimizer, scheduler, flops, context,
-                                                           train_data_iterator=iterator)
+    save = megatron("training.training").save_checkpoint_and_time
+    given = {"train_data_iterator": iterator} if "train_data_iterator" in inspect.signature(save).parameters else {}
+    save(iteration, model, optimizer, scheduler, flops, context, **given)  # no iterator before megatron-core 0.12
 
 
 # what a communication backend says when a peer's connection broke (gloo, NCCL, HCCL): raised from C++
@@ -105,12 +107,16 @@ def forget_pending_communication(model: list[Any]) -> None:
 
 def done_by_peer(size: int) -> tuple:
     """``train_step``'s result (``size`` items) for a step a peer completed: nothing to log, no save or exit asked."""
+    if size == 4:  # megatron-core up to 0.9: loss_dict, skipped_iter, grad_norm, num_zeros_in_grad
+        return {}, 0, None, None
     return ({}, 0, False, False, 0, None, None, 0, *([None] * 8))[:size]
 
 
 def rerun_anew() -> None:
     """Megatron's rerun state machine saw the failed attempt begin: the step starts over for it too."""
-    rerun = megatron("core.rerun_state_machine")
+    rerun = optional_megatron("core.rerun_state_machine")  # since megatron-core 0.10
+    if rerun is None:
+        return
     machine = rerun.get_rerun_state_machine()
     if machine.state != rerun.RerunState.NOT_RUNNING_YET:
         machine.state = rerun.RerunState.NOT_RUNNING_YET

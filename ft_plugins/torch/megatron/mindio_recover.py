@@ -37,7 +37,7 @@ from ft_plugins.torch.megatron import loop
 from ft_plugins.torch.megatron.handover import (Batches, Chunks, apply, kept, receive, send, set_rng, state_at,
                                                 unreplicated, without_load)
 from ft_plugins.torch.megatron.regroup import Regroup, megatron_roots, require_successors
-from ft_plugins.torch.megatron.state import megatron, megatron_args
+from ft_plugins.torch.megatron.state import megatron, megatron_args, optional_megatron
 from ft_plugins.vendors import mindio
 
 log = logging.getLogger("ft_plugins.recover")
@@ -232,8 +232,9 @@ class MindioRecovery:
             self.batches.rewind()  # the step that failed runs again on the batches it read
         else:
             self.batches.finish(per_step)  # the step that failed is done (here or by the source)
-        rerun = megatron("core.rerun_state_machine")
-        rerun.get_rerun_state_machine().state = rerun.RerunState.NOT_RUNNING_YET  # train() sets the iteration
+        rerun = optional_megatron("core.rerun_state_machine")  # since megatron-core 0.10
+        if rerun is not None:
+            rerun.get_rerun_state_machine().state = rerun.RerunState.NOT_RUNNING_YET  # train() sets the iteration
         global_vars = megatron("training.global_vars")  # the failed step left its timers running
         global_vars._GLOBAL_TIMERS = None
         global_vars._set_timers(parsed)

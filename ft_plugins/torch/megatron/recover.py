@@ -51,7 +51,7 @@ from ft_plugins.torch.megatron import loop
 from ft_plugins.torch.megatron.handover import (Batches, Chunks, apply, kept, receive, send, set_rng, state_at,
                                                 step_samples, unsupported, what_this_rank_holds, without_load)
 from ft_plugins.torch.megatron.regroup import Regroup, megatron_roots, require_successors
-from ft_plugins.torch.megatron.state import current_iteration, megatron
+from ft_plugins.torch.megatron.state import argument, current_iteration, megatron, train_step_items
 from ft_plugins.torch.megatron.ttp import MegatronTtp
 from ft_plugins.triggers import EXIT_ON_ERROR
 
@@ -85,7 +85,7 @@ class MegatronRecovery:
         self.batches: Batches | Chunks | None = None
         self.loop: tuple[Any, Any] = (None, None)  # train()'s checkpointing context and data iterator
         self.refusal = ""
-        self.result_size = 8  # train_step's tuple in megatron-core 0.17
+        self.result_size = 0  # the items of train_step's tuple, once a step returned here
 
     def patches(self) -> tuple[Patch, ...]:
         return (*self.regroup.patches(),
@@ -159,7 +159,7 @@ class MegatronRecovery:
         meanwhile is repaired as for a rank caught after its update of K, and the logging runs again."""
         if self.batches is None or not self.joined:
             return wrapped(*args, **kwargs)
-        iteration = kwargs["iteration"] if "iteration" in kwargs else args[3]
+        iteration = argument(wrapped, args, kwargs, "iteration")
         return self._again(wrapped, args, kwargs, iteration - 1, f"the log of step {iteration}")
 
     def save_checkpoint_and_time(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -187,7 +187,7 @@ class MegatronRecovery:
             loop.timers_as_before()
 
     def _done_by_peer(self) -> tuple:
-        return loop.done_by_peer(self.result_size)
+        return loop.done_by_peer(self.result_size or train_step_items())
 
     # -- the protocol ------------------------------------------------------------------------------
     def _join(self, iteration: int) -> str:

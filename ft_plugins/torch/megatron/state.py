@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import copy
+import importlib
+import inspect
 import sys
 from typing import Any
 
@@ -21,6 +23,60 @@ UPDATES = ("FP32Optimizer.step_with_ready_grads", "MixedPrecisionOptimizer.step_
 def megatron(name: str) -> Any:
     """An imported ``megatron.<name>`` module (the glue runs only once megatron imported it)."""
     return sys.modules[f"megatron.{name}"]
+
+
+def optional_megatron(name: str) -> Any:
+    """``megatron.<name>`` if this release has it and it is imported, else None (e.g. the rerun state machine,
+    which megatron-core 0.8 does not have)."""
+    return sys.modules.get(f"megatron.{name}")
+
+
+def moved(attribute: str, *places: str) -> Any:
+    """``attribute`` from the first ``megatron.<place>`` holding it: a name that moved between the supported
+    releases, looked up in each place a release keeps it, newest first."""
+    for place in places:
+        try:
+            module = importlib.import_module(f"megatron.{place}")
+        except ImportError:
+            continue
+        if hasattr(module, attribute):
+            return getattr(module, attribute)
+    raise AttributeError(f"megatron-core {megatron_version()} has no {attribute} in "
+                         f"{' or '.join(f'megatron.{place}' for place in places)}")
+
+
+def unwrap_model(model: Any) -> Any:
+    """Megatron's ``unwrap_model``: in ``megatron.training.utils`` in megatron-core 0.8, in ``megatron.core.utils``
+    in later releases (there only since 0.19)."""
+    return moved("unwrap_model", "core.utils", "training.utils")(model)
+
+
+def rng_state() -> Any:
+    """Megatron's ``get_rng_state`` in the torch format (a list, this rank's entry first), called as each release
+    takes it: ``(use_dist_ckpt)`` up to megatron-core 0.11, ``(ckpt_format)`` to 0.15, then with the tensor- and
+    pipeline-parallel groups (None: the default ones)."""
+    get_rng_state = megatron("training.checkpointing").get_rng_state
+    first, *rest = inspect.signature(get_rng_state).parameters.values()
+    groups = [None for parameter in rest if parameter.default is inspect.Parameter.empty]
+    return get_rng_state(False if first.name == "use_dist_ckpt" else "torch", *groups)
+
+
+def argument(function: Any, args: tuple, kwargs: dict, name: str) -> Any:
+    """The value parameter ``name`` of ``function`` takes in a call with ``args`` and ``kwargs``: for parameters whose
+    place moved between releases (``training_log``'s ``iteration`` is its fifth in megatron-core 0.8, its fourth
+    in 0.17)."""
+    return inspect.signature(function).bind_partial(*args, **kwargs).arguments[name]
+
+
+def train_step_items() -> int:
+    """How many items Megatron's ``train_step`` returns: 4 up to megatron-core 0.9, 7 from 0.10, 8 since 0.16."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        release = Version(megatron_version()).release
+    except InvalidVersion:
+        return 8
+    return 4 if release < (0, 10) else 7 if release < (0, 16) else 8
 
 
 def megatron_args() -> Any:
@@ -42,16 +98,17 @@ def saved_state(model: Any, optimizer: Any, scheduler: Any, iteration: int, rng:
     torch_format = copy.copy(state_args)
     torch_format.ckpt_format = "torch"
     state = megatron("training.checkpointing").generate_state_dict(
-        torch_format, megatron("core.utils").unwrap_model(model), optimizer, scheduler, rng, iteration=iteration)
+        torch_format, unwrap_model(model), optimizer, scheduler, rng, iteration=iteration)
     state["args"] = state_args
     return state
 
 
 def sharded_optimizers(optimizer: Any) -> list[Any]:
     """The distributed optimizers inside ``optimizer`` (a chained one holds several): each holds a shard of
-    its instance's parameter state. Empty without ``--use-distributed-optimizer``."""
+    its instance's parameter state. Empty without ``--use-distributed-optimizer``. Told by the gather every
+    supported release has (``get_parameter_state_dp_zero``, megatron-core 0.8 to 0.19)."""
     chained = getattr(optimizer, "chained_optimizers", None) or [optimizer]
-    return [member for member in chained if hasattr(member, "get_parameter_state_dp_reshardable")]
+    return [member for member in chained if hasattr(member, "get_parameter_state_dp_zero")]
 
 
 def current_iteration(args: tuple, kwargs: dict) -> int:
