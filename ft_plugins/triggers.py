@@ -85,6 +85,7 @@ def watch_signal(signum: int, act: Callable[[], None], name: str) -> None:
     def watch() -> None:
         while True:
             if signum in os.read(reader, 64):
+                progress.report(progress.DUMP)  # at once: a launcher ending this rank sees the signal answered
                 act()
 
     signal.signal(signum, chained)

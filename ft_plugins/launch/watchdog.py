@@ -3,7 +3,8 @@
 On each monitoring round of torchrun's agent (every ``--monitor-interval``, 0.1 s by default) the
 :class:`Watchdog` reads its workers' progress files (:mod:`ft_plugins.progress`) and judges them
 (:mod:`.stalls`). For a hang it logs the hung rank's stacks (all threads, asked for with SIGUSR2) with its
-rank, step and section, sends it SIGTERM, and SIGKILL after the grace; the round then goes on as usual, so the
+rank, step and section, sends it SIGTERM, and SIGKILL after the grace, or sooner when it shows no answer to
+SIGTERM (a ``ttp`` dump reports itself as it begins); the round then goes on as usual, so the
 death is handled as any: ``recover``'s :class:`~ft_plugins.launch.recover.Supervisor` replaces the rank in place,
 else torchrun stops the others (``ttp``'s dump) and restarts the job as its ``--max-restarts`` allows. For every
 rank stalled alike it says so in one line and answers the round as a failed worker group: the dump and the
@@ -32,6 +33,7 @@ log = logging.getLogger("ft_plugins.hangs")
 AGENT = "torch.distributed.elastic.agent.server.local_elastic_agent"
 STACKS_WAIT = 2.0  # seconds the ranks asked get to write their stacks (a C signal handler: milliseconds)
 EXIT_WAIT = 5.0  # seconds a SIGKILLed rank gets to be gone
+ANSWER_WAIT = 0.2  # seconds a rank gets to show it answers SIGTERM (its dying gasp reports at once: milliseconds)
 POLL = 0.05
 WAIT_AGAIN = 1.0  # seconds before ranks that wait for a rank within its bound are asked for their stacks again
 
@@ -140,13 +142,14 @@ class Watchdog:
             events.emit("fault", rank=rank, kind="hang", quiet=watch.quiet(now), section=watch.where(),
                         noticed="watchdog")
             log.error("hangs: rank %d (pid %d) made no progress for %.1f s in %s (bound %.1f s); it is ended "
-                      "(SIGTERM, SIGKILL after %g s). Its stacks:\n%s", rank, watch.pid, watch.quiet(now),
-                      watch.where(), watch.bound(self.bounds), self.grace, stacks.get(rank, "").rstrip()
-                      or "(none written)")
+                      "(SIGTERM; SIGKILL after %g s, or after %g s if it shows no answer to SIGTERM by then). Its "
+                      "stacks:\n%s", rank, watch.pid, watch.quiet(now), watch.where(), watch.bound(self.bounds),
+                      self.grace, min(self.grace, ANSWER_WAIT), stacks.get(rank, "").rstrip() or "(none written)")
         if verdict.victims:
             log.warning("hangs: rank%s %s wait%s for it in a collective", "s" if len(verdict.victims) > 1 else "",
                         ", ".join(map(str, verdict.victims)), "" if len(verdict.victims) > 1 else "s")
-        stop([procs[rank] for rank in verdict.culprits], self.grace)
+        stop([procs[rank] for rank in verdict.culprits], self.grace,
+             answering(self.directory, {procs[rank].pid: rank for rank in verdict.culprits}))
         restart = time.monotonic()
         for watch in self.watches.values():
             watch.moved = max(watch.moved, restart)  # their peer's death reaches them now: a full bound again
@@ -162,13 +165,30 @@ class Watchdog:
         self.watches.clear()
 
 
-def stop(procs: list[Any], grace: float) -> None:
-    """SIGTERM, then SIGKILL to those still running after ``grace`` seconds (a rank in a driver call ignores
-    SIGTERM); returns once they are gone, or ``EXIT_WAIT`` after the SIGKILL."""
+def stop(procs: list[Any], grace: float, answers: Callable[[Any], bool]) -> None:
+    """SIGTERM, then SIGKILL: after ``ANSWER_WAIT`` to those that show no answer to it (``answers(proc)``: a rank in
+    a driver call, or one that ignores SIGTERM, would spend the whole grace for nothing), after ``grace`` seconds to
+    the others still running; returns once they are gone, or ``EXIT_WAIT`` after the last SIGKILL."""
     _signal(procs, signal.SIGTERM)
-    if not _gone(procs, grace):
+    if _gone(procs, min(grace, ANSWER_WAIT)):
+        return
+    _signal([proc for proc in procs if proc.poll() is None and not answers(proc)], signal.SIGKILL)
+    if not _gone(procs, max(grace - ANSWER_WAIT, 0.0)):
         _signal([proc for proc in procs if proc.poll() is None], signal.SIGKILL)
         _gone(procs, EXIT_WAIT)
+
+
+def answering(directory: str, ranks: Mapping[int, int]) -> Callable[[Any], bool]:
+    """Whether a process (``ranks``: its pid -> its rank) has reported since this call: a sign of life after
+    SIGTERM (the signal's watcher thread reports as it wakes, whatever the main thread is blocked in)."""
+    before = {pid: _reports(directory, rank) for pid, rank in ranks.items()}
+    return lambda proc: _reports(directory, ranks[proc.pid]) > before[proc.pid]
+
+
+def _reports(directory: str, rank: int) -> int:
+    """How many reports ``rank`` has made (-1: none readable): one more is a sign of life."""
+    record = progress.read(directory, rank)
+    return -1 if record is None else record.seq
 
 
 def _signal(procs: list[Any], sig: int) -> None:

@@ -17,7 +17,7 @@ from ft_plugins.config import ConfigError, load
 from ft_plugins.faults import Fault, parse_faults
 from ft_plugins.features import declared_options
 from ft_plugins.features.hangs import Bounds, Hangs
-from ft_plugins.launch import doctor, environment
+from ft_plugins.launch import doctor, environment, watchdog
 from ft_plugins.launch.stalls import ALL, HANG, WAIT, Watch, judge, main_frames, overdue, stuck, waits_on_peers
 from ft_plugins.progress import BETWEEN, END, EVAL, RECOVERY, SAVE, SETUP, STEP, Record
 
@@ -184,6 +184,39 @@ def test_a_worker_reports_into_a_mapped_file_and_writes_its_stacks_when_asked(tm
     assert record is not None and record[2:] == (4, 12, 1, STEP)  # setup, step, save, the step again
     assert main_frames(Path(progress.stacks_path(str(tmp_path), 3)).read_text(), record.thread)
     assert progress.read(str(tmp_path), 4) is None
+
+
+WORKER = ("import os, signal, sys, time\n"
+          "from ft_plugins import progress\n"
+          "from ft_plugins.triggers import watch_signal\n"
+          "assert progress.start(int(sys.argv[2]), {'FT_PLUGINS_PROGRESS': sys.argv[1]})\n"
+          "if sys.argv[3] == 'answers':  # a dying gasp that takes a second, then its own exit code\n"
+          "    watch_signal(signal.SIGTERM, lambda: (time.sleep(1.0), os._exit(7)), 'gasp')\n"
+          "else:  # deaf, as a rank in a driver call\n"
+          "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+          "print('ready', flush=True)\n"
+          "while True:\n"
+          "    time.sleep(1)\n")
+
+
+def _workers(directory: Path, *kinds: str) -> list[subprocess.Popen]:
+    workers = [subprocess.Popen([sys.executable, "-c", WORKER, str(directory), str(rank), kind],
+                                stdout=subprocess.PIPE, text=True) for rank, kind in enumerate(kinds)]
+    assert all(worker.stdout is not None and worker.stdout.readline().strip() == "ready" for worker in workers)
+    return workers
+
+
+def test_a_hung_rank_that_answers_sigterm_gets_the_grace_and_one_deaf_to_it_is_killed(tmp_path: Path) -> None:
+    answers, deaf = _workers(tmp_path, "answers", "deaf")
+    watchdog.stop([answers, deaf], 10.0, watchdog.answering(str(tmp_path), {answers.pid: 0, deaf.pid: 1}))
+    assert (answers.returncode, deaf.returncode) == (7, -signal.SIGKILL)  # its gasp ran to its end
+    assert progress.read(str(tmp_path), 0).section == progress.DUMP
+
+
+def test_negative_control_a_rank_taken_for_deaf_is_killed_in_its_dying_gasp(tmp_path: Path) -> None:
+    (answers,) = _workers(tmp_path, "answers")
+    watchdog.stop([answers], 10.0, lambda proc: False)
+    assert answers.returncode == -signal.SIGKILL
 
 
 def test_the_wait_for_a_batch_is_reported_as_data_loading(tmp_path: Path) -> None:
