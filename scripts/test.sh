@@ -22,7 +22,8 @@ FAST=(
   tests/patch/test_patch_revert_safety.py
 )
 NEWEST=(
-  tests/hf/test_transformers_5.py tests/hf/test_transformers_5_first.py tests/torch_megatron/test_megatron_newer_dump.py
+  tests/hf/test_transformers_5.py tests/hf/test_transformers_5_first.py tests/hf/test_transformers_oldest.py
+  tests/torch_megatron/test_megatron_newer_dump.py
   tests/checkpoint/test_megatron_newer.py
   tests/mindspore/test_mindspore_newer.py tests/mindspore/test_mindformers_newer.py
 )

@@ -42,7 +42,9 @@ def start_trainer(workdir: Path, out: Path, *args: str, ft: bool = True, fakes: 
     command = [FT_PLUGINS, "run", "--", TORCHRUN, "--nproc-per-node", str(ranks), "--master-port", str(free_port()),
                *launcher, str(script), str(out), "--final", str(final), *args]
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "FT_FAKE", "TORCHELASTIC"))}
-    extra = {"PYTHONPATH": str(FAKES) if fakes else ""}
+    # a side directory holding another transformers release, first on every job's path (test_transformers_oldest.py)
+    side = os.environ.get("FT_TEST_TRANSFORMERS_DIR")
+    extra = {"PYTHONPATH": os.pathsep.join(str(path) for path in (side, FAKES if fakes else None) if path)}
     if not ft:
         extra["FT_PLUGINS"] = "none"
     process = subprocess.Popen(command, cwd=workdir, env={**clean, **extra, **env}, stdout=subprocess.PIPE,

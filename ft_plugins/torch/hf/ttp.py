@@ -160,13 +160,23 @@ def _write_checkpoint(trainer: Any, directory: str, rng: dict[str, Any]) -> None
     arguments (``_save``), optimizer, scheduler, this rank's RNG file, ``trainer_state.json``."""
     import torch
     from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME
-    from transformers.trainer_callback import ExportableState
 
     trainer._save(directory)
     torch.save(trainer.optimizer.state_dict(), os.path.join(directory, OPTIMIZER_NAME))
     torch.save(trainer.lr_scheduler.state_dict(), os.path.join(directory, SCHEDULER_NAME))
     restore(rng)  # this process exits after the dump: its own RNG no longer matters
     trainer._save_rng_state(directory)
+    _export_callback_states(trainer)
+    trainer.state.save_to_json(os.path.join(directory, TRAINER_STATE_NAME))
+
+
+def _export_callback_states(trainer: Any) -> None:
+    """The callbacks' states into the trainer state, as ``_save_checkpoint`` puts them (transformers 4.41 on;
+    before, callbacks kept no state in checkpoints)."""
+    try:
+        from transformers.trainer_callback import ExportableState
+    except ImportError:
+        return
     for callback in [*trainer.callback_handler.callbacks, trainer.control]:
         if isinstance(callback, ExportableState):
             name, state = type(callback).__name__, callback.state()
@@ -174,7 +184,6 @@ def _write_checkpoint(trainer: Any, directory: str, rng: dict[str, Any]) -> None
                 trainer.state.stateful_callbacks[name].append(state)
             else:
                 trainer.state.stateful_callbacks[name] = state
-    trainer.state.save_to_json(os.path.join(directory, TRAINER_STATE_NAME))
 
 
 def _stand_down_jit_checkpoint(trainer: Any) -> None:
