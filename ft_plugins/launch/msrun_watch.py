@@ -4,8 +4,9 @@ msrun's process manager (``mindspore.parallel.cluster.process_entity._api._Proce
 and polls them once a second; when one exits with an error it SIGKILLs every other worker (``ttp``'s survivors
 write on the lost peer first) and the job ends, for its relaunch to resume. Once the manager started its
 workers, a thread of the msrun process reads their progress every ``INTERVAL`` seconds. For a hang it logs the
-hung rank's stacks, SIGTERMs it and SIGKILLs it after the grace: msrun then meets its death as any other. For
-every rank stalled alike it SIGTERMs every local worker (each writes its ``ttp`` dump), SIGKILL after the grace.
+hung rank's stacks, SIGTERMs it and SIGKILLs it (after the grace if it answers SIGTERM): msrun then meets its death
+as any other. For every rank stalled alike it SIGTERMs every local worker (each writes its ``ttp`` dump), SIGKILL
+after the grace to those that answer it, at once to the others.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, Mapping
 
 from ft_plugins import progress
 from ft_plugins.launch.stalls import ALL, Verdict
-from ft_plugins.launch.watchdog import Watchdog, stop
+from ft_plugins.launch.watchdog import Watchdog, answering, stop
 from ft_plugins.launch.watchdog import install as install_watchdog
 
 log = logging.getLogger("ft_plugins.hangs")
@@ -66,8 +67,9 @@ class MsrunWatch:
         if not procs:
             return None
         verdict = self.watchdog.look(procs, manager.worker_num > manager.local_worker_num, now)
-        if verdict is not None and verdict.kind == ALL:
-            stop(list(procs.values()), self.watchdog.grace)
+        if verdict is not None and verdict.kind == ALL:  # each writes its dump: those that answer get the grace
+            stop(list(procs.values()), self.watchdog.grace,
+                 answering(self.watchdog.directory, {proc.pid: rank for rank, proc in procs.items()}))
         return verdict
 
 

@@ -219,6 +219,21 @@ def test_negative_control_a_rank_taken_for_deaf_is_killed_in_its_dying_gasp(tmp_
     assert answers.returncode == -signal.SIGKILL
 
 
+def test_msrun_s_watch_stops_every_worker_stalled_alike_and_the_ones_that_answer_get_the_grace(
+        tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from ft_plugins.launch.msrun_watch import MsrunWatch
+
+    workers = _workers(tmp_path, "answers", "answers")  # both stopped outside any collective: a file system?
+    manager = SimpleNamespace(local_worker_num=2, worker_num=2, node_rank=-1, proc_rank_map=dict(enumerate(workers)))
+    watch = MsrunWatch(watchdog.Watchdog(SETTINGS, str(tmp_path)))
+    assert watch.look(manager, time.monotonic()) is None  # first sight: each is in set-up, within its bound
+    verdict = watch.look(manager, time.monotonic() + 10 * SETTINGS["warmup"])
+    assert verdict is not None and verdict.kind == ALL, verdict
+    assert [worker.returncode for worker in workers] == [7, 7]  # each one's dying gasp ran to its end
+
+
 def test_the_wait_for_a_batch_is_reported_as_data_loading(tmp_path: Path) -> None:
     code = ("import sys\n"
             "from ft_plugins import progress\n"
