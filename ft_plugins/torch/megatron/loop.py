@@ -49,7 +49,7 @@ def save_as_the_loop(iteration: int, objects: tuple[Any, Any, Any], context: Any
     flops = megatron("training.global_vars").get_args().num_floating_point_operations_so_far
     save = megatron("training.training").save_checkpoint_and_time
     given = {"train_data_iterator": iterator} if "train_data_iterator" in inspect.signature(save).parameters else {}
-    save(iteration, model, optimizer, scheduler, flops, context, **given)  # no iterator before megatron-core 0.12
+    save(iteration, model, optimizer, scheduler, flops, context, **given)  # no iterator in megatron-core 0.8
 
 
 # what a communication backend says when a peer's connection broke (gloo, NCCL, HCCL): raised from C++
