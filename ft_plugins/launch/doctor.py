@@ -88,6 +88,7 @@ def check_versions(env: Mapping[str, str]) -> Iterator[Check]:
         else:
             unknown = " (version not understood)" if standing == versions.UNKNOWN else ""
             yield Check(name, OK, f"{found}{unknown} ({supported})")
+    yield from _check_trainer_rng_load(env)
     root = taskd.package_dir()
     if root is not None and not taskd.is_placeholder(root):
         found = _version("taskd") or taskd.version(root)
@@ -107,6 +108,19 @@ def check_versions(env: Mapping[str, str]) -> Iterator[Check]:
                         f"install CANN {cann.MIN_VERSION} or newer")
         else:
             yield Check("CANN version", OK, f"{found} at {home}")
+
+
+def _check_trainer_rng_load(env: Mapping[str, str]) -> Iterator[Check]:
+    """transformers before 4.48 with torch 2.6 or newer: the Trainer's own resume fails loading its RNG files."""
+    transformers, torch = _version("transformers"), _version("torch")
+    if (transformers and torch and _at_least(transformers, versions.TRANSFORMERS_RNG_SAFE_LOAD) is False
+            and _at_least(torch, versions.TORCH_WEIGHTS_ONLY) and env.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD") != "1"):
+        yield Check("transformers with torch", WARN,
+                    f"transformers {transformers} loads the Trainer's RNG files with torch.load's default, which is "
+                    f"weights_only since torch {versions.TORCH_WEIGHTS_ONLY} (installed: {torch}): its resume fails "
+                    "(\"Unsupported global: GLOBAL numpy.core.multiarray._reconstruct\")",
+                    f"set TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1, or use transformers "
+                    f"{versions.TRANSFORMERS_RNG_SAFE_LOAD} or newer")
 
 
 def check_placeholders(env: Mapping[str, str]) -> Iterator[Check]:

@@ -11,6 +11,8 @@ TORCH_NPU_MSTX = "2.1"  # torch_npu.npu.mstx, the mstx ranges
 MINDSPORE = "2.7.0"  # TTP and link failover through MS_ENABLE_TFT
 MINDFORMERS = "1.3"
 TRANSFORMERS = "4.40"
+TRANSFORMERS_RNG_SAFE_LOAD = "4.48"  # the Trainer loads its RNG files with safe globals (torch 2.6's weights_only)
+TORCH_WEIGHTS_ONLY = "2.6"  # torch.load defaults to weights_only=True
 ACCELERATE = "0.30"
 MINDIO_TFT_API = "6.0"  # MindCluster release whose mindio_ttp has the tft_* API (dying-gasp checkpoints)
 MINDIO_LINK_FAILOVER = "7.1.RC1"  # mindio_ttp needed for MindSpore's link failover (TSP)

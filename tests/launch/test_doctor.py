@@ -137,3 +137,15 @@ def test_each_installed_framework_is_shown_against_its_supported_range(monkeypat
     mindspore = checks["mindspore version"]
     assert mindspore.status == doctor.WARN and "older than 2.7.0" in mindspore.detail
     assert checks["torch version"].detail.startswith("not installed")
+
+
+@pytest.mark.parametrize("transformers, torch, env, warned", [
+    ("4.40.2", "2.13.0", {}, True), ("4.47.1", "2.6.0", {}, True), ("4.48.0", "2.13.0", {}, False),
+    ("4.40.2", "2.5.1", {}, False), ("4.40.2", "2.13.0", {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}, False)])
+def test_an_old_trainer_on_a_torch_that_loads_weights_only_is_warned(
+        monkeypatch: pytest.MonkeyPatch, transformers: str, torch: str, env: dict, warned: bool) -> None:
+    monkeypatch.setattr(doctor, "_version", {"transformers": transformers, "torch": torch}.get)
+    check = _by_name({"PATH": "/nonexistent", **env}).get("transformers with torch")
+    assert (check is not None) == warned
+    if warned:
+        assert check.status == doctor.WARN and "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1" in check.fix
