@@ -78,7 +78,8 @@ def test_bf16_the_replacements_final_save_is_the_uninterrupted_runs_main_paramet
 def test_fp16_rank_1_repaired_by_mindios_handlers_the_final_save_is_the_uninterrupted_runs_loss_scale_included(
         fp16_repaired: tuple[Job, list[dict]], fp16_reference: Job) -> None:
     job, calls = fp16_repaired
-    assert job.returncode == 0, job.output[-5000:]
+    controller = [(call["api"], call["args"]) for call in calls if call["api"].startswith("fake_controller")]
+    assert job.returncode == 0, f"{job.output[-5000:]}\nthe MindIO stand-in's controller: {controller}"
     assert sorted(c["args"][0] for c in calls if c["api"] == "fake_controller_repair") == [0, 1], "rank 0 to rank 1"
     assert not [c for c in calls if c["api"].startswith("fake_processor_")], "no handler refused"
     assert job.lines(f"every rank stands at step {LOST}, training continues at step {LOST + 1}")
