@@ -76,32 +76,32 @@ def _called(node: ast.AST, *functions: str) -> str | None:
 
 
 def _reached_in(tree: ast.Module, constants: dict[str, str], updates: tuple[str, ...]) -> set[Reached]:
+    # aliases by name across the file (rerun = optional_megatron("core.rerun_state_machine")): a module handed to a
+    # helper keeps its name there (dump.py's ``_shards(checkpointing, ...)``)
+    aliases: dict[str, tuple[str, bool]] = {}
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and (function := _called(node.value, "megatron", "optional_megatron"))):
+            aliases[node.targets[0].id] = (f"megatron.{_string(node.value.args[0])}", function == "optional_megatron")
     reached: set[Reached] = set()
-    for scope in [tree, *(node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef))]:
-        aliases: dict[str, tuple[str, bool]] = {}  # rerun = optional_megatron("core.rerun_state_machine")
-        for node in ast.walk(scope):
-            if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-                    and (function := _called(node.value, "megatron", "optional_megatron"))):
-                aliases[node.targets[0].id] = (f"megatron.{_string(node.value.args[0])}",
-                                               function == "optional_megatron")
-        for node in ast.walk(scope):
-            if isinstance(node, ast.Attribute) and _called(node.value, "megatron"):
-                reached.add(Reached((f"megatron.{_string(node.value.args[0])}",), node.attr))
-            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
-                module, optional = aliases[node.value.id]
-                reached.add(Reached((module,), node.attr, optional))
-            elif _called(node, "moved"):
-                attribute, *places = [_string(argument) for argument in node.args]
-                reached.add(Reached(tuple(f"megatron.{place}" for place in places), attribute))
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("megatron."):
-                reached |= {Reached((node.module,), alias.name) for alias in node.names}
-            elif _called(node, "Patch") and not any(keyword.arg == "required" and _false(keyword.value)
-                                                    for keyword in node.keywords):
-                target, attribute = node.args[:2]
-                module = _string(target) or constants.get(getattr(target, "id", ""))
-                if module and module.startswith("megatron."):
-                    names = updates if isinstance(attribute, ast.Name) else (_string(attribute),)
-                    reached |= {Reached((module,), name) for name in names if name}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _called(node.value, "megatron"):
+            reached.add(Reached((f"megatron.{_string(node.value.args[0])}",), node.attr))
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+            module, optional = aliases[node.value.id]
+            reached.add(Reached((module,), node.attr, optional))
+        elif _called(node, "moved"):
+            attribute, *places = [_string(argument) for argument in node.args]
+            reached.add(Reached(tuple(f"megatron.{place}" for place in places), attribute))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("megatron."):
+            reached |= {Reached((node.module,), alias.name) for alias in node.names}
+        elif _called(node, "Patch") and not any(keyword.arg == "required" and _false(keyword.value)
+                                                for keyword in node.keywords):
+            target, attribute = node.args[:2]
+            module = _string(target) or constants.get(getattr(target, "id", ""))
+            if module and module.startswith("megatron."):
+                names = updates if isinstance(attribute, ast.Name) else (_string(attribute),)
+                reached |= {Reached((module,), name) for name in names if name}
     return reached
 
 
