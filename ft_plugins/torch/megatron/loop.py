@@ -16,12 +16,11 @@ save completed, as in the uninterrupted run.
 from __future__ import annotations
 
 import gc
-import inspect
 import os
 import traceback
 from typing import Any, Callable
 
-from ft_plugins.torch.megatron.state import megatron, optional_megatron
+from ft_plugins.torch.megatron.state import megatron, optional_megatron, signature
 
 TIMERS = ("save-checkpoint", "save-checkpoint-non-persistent")
 
@@ -48,7 +47,7 @@ def save_as_the_loop(iteration: int, objects: tuple[Any, Any, Any], context: Any
     model, optimizer, scheduler = objects
     flops = megatron("training.global_vars").get_args().num_floating_point_operations_so_far
     save = megatron("training.training").save_checkpoint_and_time
-    given = {"train_data_iterator": iterator} if "train_data_iterator" in inspect.signature(save).parameters else {}
+    given = {"train_data_iterator": iterator} if "train_data_iterator" in signature(save).parameters else {}
     save(iteration, model, optimizer, scheduler, flops, context, **given)  # no iterator in megatron-core 0.8
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 import inspect
 import sys
@@ -51,12 +52,18 @@ def unwrap_model(model: Any) -> Any:
     return moved("unwrap_model", "core.utils", "training.utils")(model)
 
 
+@functools.lru_cache(maxsize=None)
+def signature(function: Any) -> inspect.Signature:
+    """``function``'s signature, read once: the calls made as each release takes them ask for it every step."""
+    return inspect.signature(function)
+
+
 def rng_state() -> Any:
     """Megatron's ``get_rng_state`` in the torch format (a list, this rank's entry first), called as each release
     takes it: ``(use_dist_ckpt)`` up to megatron-core 0.11, ``(ckpt_format)`` to 0.15, then with the tensor- and
     pipeline-parallel groups (None: the default ones)."""
     get_rng_state = megatron("training.checkpointing").get_rng_state
-    first, *rest = inspect.signature(get_rng_state).parameters.values()
+    first, *rest = signature(get_rng_state).parameters.values()
     groups = [None for parameter in rest if parameter.default is inspect.Parameter.empty]
     return get_rng_state(False if first.name == "use_dist_ckpt" else "torch", *groups)
 
@@ -65,7 +72,7 @@ def argument(function: Any, args: tuple, kwargs: dict, name: str) -> Any:
     """The value parameter ``name`` of ``function`` takes in a call with ``args`` and ``kwargs``: for parameters whose
     place moved between releases (``training_log``'s ``iteration`` is its fifth in megatron-core 0.8, its fourth
     in 0.17)."""
-    return inspect.signature(function).bind_partial(*args, **kwargs).arguments[name]
+    return signature(function).bind_partial(*args, **kwargs).arguments[name]
 
 
 def train_step_items() -> int:
