@@ -79,8 +79,12 @@ done
 install_beside "$VENV/mindspore-2.10" mindspore==2.10.0
 # The newest MindFormers that installs beside a MindSpore the registry has, with that MindSpore: MindFormers 1.9.0
 # asks for MindSpore ~= 2.9.0 (2.0 needs hyper-parallel, which no registry holds; 2.1.0 asks for MindSpore 2.11,
-# which the registry does not have). The MindFormers tests run against it in tests/mindspore/test_mindformers_newer.py.
+# which the registry does not have). The MindFormers tests run against it
+# (tests/mindspore/test_mindformers_releases.py).
 install_beside "$VENV/mindformers-1.9" mindspore==2.9.0 mindformers==1.9.0
+# The oldest supported MindFormers, with the pinned MindSpore 2.7.2: 1.6.0, the first that asks for a MindSpore
+# ft_plugins supports (~=2.7.0rc1; 1.3.2, the release before it on the registry, asks for 2.4). The same tests.
+install_beside "$VENV/mindformers-1.6" mindformers==1.6.0
 # The oldest supported megatron-core, MindSpeed-LLM's base: its wheel holds megatron/core only (megatron/training
 # came with Megatron-LM's source then); tests/torch_megatron/test_megatron_names.py checks the names the glue reaches
 # in megatron.core against it. It imports pkg_resources, which setuptools 81 dropped.

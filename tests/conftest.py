@@ -31,12 +31,13 @@ SHARING = {
 # The groups whose real multi-process runs take longest, longest first: they start first, so that the
 # run does not end with one of them running alone while the other worker idles.
 LONGEST_FIRST = (
+    "torch_megatron/test_megatron_newest_suite.py",
     "megatron-4-ranks", "hf-trainer", "megatron-2-ranks", "torch_megatron/test_pipeline_recover.py",
     "torch_megatron/test_mixed_precision_recover.py", "torch_megatron/test_replicated_dump.py",
     "torch_megatron/test_torch_dist.py", "torch_megatron/test_rampup_recover.py", "torch_megatron/test_moe_recover.py",
     "hf/test_transformers_5.py", "hf/test_transformers_5_first.py",
     "checkpoint/test_megatron.py",
-    "mindspore/test_msrun.py", "mindspore/test_mindspore_newer.py", "mindspore/test_mindformers_newer.py",
+    "mindspore/test_msrun.py", "mindspore/test_mindspore_newer.py", "mindspore/test_mindformers_releases.py",
     "launch/test_real_taskd.py",
     "torch_megatron/test_replica_option.py",
     "torch_plugin/test_replicated_zero.py", "patch/test_patched_runs.py", "hf/test_accelerate_runs.py",

@@ -27,6 +27,7 @@ FIRST_TRANSFORMERS_5 = Path(sys.prefix) / "transformers-5.0"
 OLDEST_TRANSFORMERS = Path(sys.prefix) / "transformers-4.40"  # scripts/requirements-transformers-4.40.txt
 NEWER_MINDSPORE = Path(sys.prefix) / "mindspore-2.10"
 NEWER_MINDFORMERS = Path(sys.prefix) / "mindformers-1.9"  # with MindSpore 2.9.0, the release it asks for
+OLDEST_MINDFORMERS = Path(sys.prefix) / "mindformers-1.6"  # with the pinned MindSpore 2.7.2
 
 def path_first(directory: Path) -> str:
     """This process's ``PYTHONPATH`` with ``directory`` first: for a child that must import from it."""
@@ -39,10 +40,13 @@ def first_on_path(side_dir: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path_first(side_dir)}
 
 
-def assert_child_pytest_passes(modules: Iterable[Path], env: dict[str, str], at_least: int) -> None:
-    """One child pytest of ``modules`` in ``env``: every test passes (at least ``at_least``), none skipped."""
-    run = subprocess.run([PYTHON, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-rfEs",
-                          *(str(module) for module in modules)], env=env, capture_output=True, text=True, timeout=1200)
+def assert_child_pytest_passes(modules: Iterable[Path], env: dict[str, str], at_least: int, *options: str,
+                               workers: int = 0) -> None:
+    """One child pytest of ``modules`` in ``env`` (``options``: more of pytest's; ``workers``: its processes, 0 for
+    one): every test passes (at least ``at_least``), none skipped."""
+    run = subprocess.run([PYTHON, "-m", "pytest", "-q", "-n", str(workers), "-p", "no:cacheprovider", "-rfEs",
+                          *options, *(str(module) for module in modules)], env=env, capture_output=True, text=True,
+                         timeout=2400)
     summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr[-2000:]
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
     passed = re.search(r"(\d+) passed", summary)

@@ -131,9 +131,12 @@ def single_process_defaults() -> None:
 if __name__ == "__main__":
     single_process_defaults()
     defaults = DEFAULTS
-    if "--train-samples" in sys.argv:  # Megatron takes the run's length in iterations or in samples, not both
-        at = DEFAULTS.index("--train-iters")
-        defaults = DEFAULTS[:at] + DEFAULTS[at + 2:]
+    # a default the command line's choice excludes: Megatron takes the run's length in iterations or in samples,
+    # and megatron-core 0.19 takes a batch-size schedule or a global batch size, not both
+    for given, default in (("--train-samples", "--train-iters"), ("--step-batch-size-schedule", "--global-batch-size")):
+        if given in sys.argv:
+            at = defaults.index(default)
+            defaults = defaults[:at] + defaults[at + 2:]
     sys.argv[1:1] = defaults
     if "cfg_container" in inspect.signature(pretrain).parameters:  # megatron-core >= 0.19: config container
         from megatron.training.argument_utils import pretrain_cfg_container_from_args

@@ -3,7 +3,7 @@
 MindFormers resumes (``resume_training: True`` or a file name, ``load_checkpoint`` a folder or a file)
 inside ``BaseTrainer.training_process``, long before it builds the callbacks: it reads the epoch and
 step from the file it chose (``load_resume_context_from_checkpoint``), skips data to that step, then
-loads the file. Every version from 1.3 to 1.9 calls that function of ``mindformers.trainer.utils``
+loads the file. Every version from 1.3 to 1.9 (1.6 on supported) calls that function of ``mindformers.trainer.utils``
 there, and ``check_runner_config`` right after the resume decision. Wrapping the first, ft_plugins
 puts the newest intact checkpoint in its place (each skipped one logged with its reason); MindFormers
 then reads, skips and loads as it does itself. The second records what MindFormers decided, so the
@@ -29,6 +29,7 @@ from ft_plugins.features import declared_options
 from ft_plugins.features.resume import Resume
 from ft_plugins.mindspore.base import FRAMEWORK, global_rank, save_root
 from ft_plugins.patching import MissingSymbol, Patch, PatchSet
+from ft_plugins.vendors import versions
 
 log = logging.getLogger("ft_plugins.resume")
 
@@ -158,7 +159,8 @@ def _record(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def _missing(patches: PatchSet, error: MissingSymbol) -> None:
-    log.warning("resume: MindFormers' resume is not guarded: %s (MindFormers 1.3 to 1.9 have it)", error)
+    log.warning("resume: MindFormers' resume is not guarded: %s (MindFormers %s have it)", error,
+                versions.BY_NAME["mindformers"].describe())
 
 
 _patches = PatchSet("mindformers-resume", (Patch(UTILS, "load_resume_context_from_checkpoint", _guard),

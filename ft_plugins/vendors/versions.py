@@ -9,7 +9,7 @@ MEGATRON_CORE = "0.8"  # megatron.training with train_step / save_checkpoint / l
 TORCH = "2.1"
 TORCH_NPU_MSTX = "2.1"  # torch_npu.npu.mstx, the mstx ranges
 MINDSPORE = "2.7.0"  # TTP and link failover through MS_ENABLE_TFT
-MINDFORMERS = "1.3"
+MINDFORMERS = "1.6"  # the first that asks for a MindSpore in the range above (~=2.7.0rc1)
 TRANSFORMERS = "4.40"
 TRANSFORMERS_RNG_SAFE_LOAD = "4.48"  # the Trainer loads its RNG files with safe globals (torch 2.6's weights_only)
 TORCH_WEIGHTS_ONLY = "2.6"  # torch.load defaults to weights_only=True
@@ -62,7 +62,7 @@ SUPPORTED = (
     Framework("transformers", TRANSFORMERS, "5", ("4.40.2", "4.57.1", "5.0.0", "5.24.0"), "Hugging Face Trainer hooks"),
     Framework("accelerate", ACCELERATE, "1", ("1.15.0",), "Accelerate hooks"),
     Framework("mindspore", MINDSPORE, "2.10", ("2.7.2", "2.9.0", "2.10.0"), "MindSpore jobs (TTP, link failover)"),
-    Framework("mindformers", MINDFORMERS, "1.9", ("1.8.0", "1.9.0"), "MindFormers callbacks and resume guard"),
+    Framework("mindformers", MINDFORMERS, "1.9", ("1.6.0", "1.8.0", "1.9.0"), "MindFormers callbacks and resume guard"),
     Framework("torch_npu", TORCH_NPU_MSTX, None, (), "mstx ranges on Ascend (torch_npu.npu.mstx)"),
     Framework("mindio_ttp", MINDIO_LINK_FAILOVER, None, (),
               f"link failover (dying-gasp checkpoints need MindCluster {MINDIO_TFT_API}'s tft_* API)"),

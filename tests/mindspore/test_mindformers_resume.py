@@ -1,12 +1,12 @@
 """MindFormers' own launch path, resuming the way MindFormers documents it (``resume_training: True``,
 ``load_checkpoint: ./output/checkpoint``), with ft_plugins reached only through its start-up hook.
 
-Real MindFormers 1.8.0 on CPU (1.9.0 in the newest lane, test_mindformers_newer.py): ``fixtures/run_mindformer.py``
-(run_mindformer.py's train path), a tiny LLaMA (1 layer, hidden 32, vocab 128, seq 16), a MindRecord of synthetic
-tokens, 4 steps an epoch, a save every 2 steps. One uninterrupted run of 16 steps is the reference. The crash: a
-copy of its saves up to step 8, the step-8 file cut in half (MindFormers' meta.json names it). Resumed to step 12,
-then resumed again to 16; the same resume without ft_plugins is the negative control. Each run is a subprocess in
-its own directory (MindFormers writes ./output) and says which MindFormers it trained on.
+Real MindFormers 1.8.0 on CPU (1.9.0 and 1.6.0 in the newest lane: test_mindformers_releases.py):
+``fixtures/run_mindformer.py`` (run_mindformer.py's train path), a tiny LLaMA (1 layer, hidden 32, vocab 128, seq
+16), a MindRecord of synthetic tokens, 4 steps an epoch, a save every 2 steps. One uninterrupted run of 16 steps is
+the reference. The crash: a copy of its saves up to step 8, the step-8 file cut in half (MindFormers' meta.json names
+it). Resumed to step 12, then resumed again to 16; the same resume without ft_plugins is the negative control. Each
+run is a subprocess in its own directory (MindFormers writes ./output) and says which MindFormers it trained on.
 """
 
 from __future__ import annotations
@@ -355,7 +355,7 @@ def test_without_resume_training_the_callback_says_how_instead_of_retraining(
     assert run.losses == {step: reference.losses[step] for step in range(1, 5)}  # nothing was loaded
 
 
-@pytest.mark.parametrize("version", ["1.3.2", "1.6.0", "1.7.0", "installed"])
+@pytest.mark.parametrize("version", ["1.6.0", "1.7.0", "installed"])
 def test_every_supported_mindformers_calls_the_guarded_steps_in_order(version: str) -> None:
     """The two functions the guard wraps exist in ``mindformers.trainer.utils``, ``base_trainer`` imports them
     by name (the patcher rebinds that copy), and ``training_process`` reads the resume context, then

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from support import FAKES, read_records
-from ttp_runs import DP4, ITERS, Job, mindio_env, run_supervised, same_as_reference
+from support import FAKES
+from ttp_runs import DP4, ITERS, Job, run_with_mindio, same_as_reference
 
 FIRST = 2  # rank 1 dies as the step after 2 completed steps begins
 ORDER = ["stop", "clean", "replacement", "rebuild_group", "repair", "rollback"]
@@ -32,11 +32,8 @@ ORDER = ["stop", "clean", "replacement", "rebuild_group", "repair", "rollback"]
 
 @pytest.fixture(scope="module")
 def arf_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Job, list[dict[str, Any]]]:
-    workdir = tmp_path_factory.mktemp("mindio_recover")
-    record = workdir / "mindio.jsonl"
-    job = run_supervised(workdir, DP4, "--save-interval", "100", FT_PLUGINS="ttp,recover", **mindio_env(record),
-                         FT_PLUGINS_INJECT_FAULT=f"rank=1,step={FIRST},kind=kill")
-    return job, read_records(record)
+    return run_with_mindio(tmp_path_factory.mktemp("mindio_recover"), DP4, "--save-interval", "100",
+                           FT_PLUGINS="ttp,recover", FT_PLUGINS_INJECT_FAULT=f"rank=1,step={FIRST},kind=kill")
 
 
 def _controller(calls: list[dict[str, Any]]) -> list[tuple[str, Any, Any]]:

@@ -19,8 +19,8 @@ import re
 
 import pytest
 
-from support import read_records, saved_tensors
-from ttp_runs import DP4, ITERS, Job, Launch, mindio_env, run_supervised, same_as_reference
+from support import saved_tensors
+from ttp_runs import DP4, ITERS, Job, Launch, run_supervised, run_with_mindio, same_as_reference
 
 LOST = 3  # the rank dies as the step after 3 of 6 completed steps begins
 BF16 = Launch(DP4.nproc, (*DP4.args, "--bf16"))
@@ -50,11 +50,8 @@ def bf16_recovered(tmp_path_factory: pytest.TempPathFactory) -> Job:
 @pytest.fixture(scope="module")
 def fp16_repaired(tmp_path_factory: pytest.TempPathFactory) -> tuple[Job, list[dict]]:
     """Repaired through MindIO's handlers (its stand-in on the path)."""
-    workdir = tmp_path_factory.mktemp("fp16_mindio_repaired")
-    record = workdir / "mindio.jsonl"
-    job = run_supervised(workdir, FP16, "--save-interval", "100", **RECOVER, **mindio_env(record),
-                         FT_PLUGINS_INJECT_FAULT=f"rank=1,step={LOST},kind=kill")
-    return job, read_records(record)
+    return run_with_mindio(tmp_path_factory.mktemp("fp16_mindio_repaired"), FP16, "--save-interval", "100",
+                           **RECOVER, FT_PLUGINS_INJECT_FAULT=f"rank=1,step={LOST},kind=kill")
 
 
 def test_bf16_rank_0_is_replaced_in_place_the_survivors_keep_their_processes(bf16_recovered: Job) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from support import path_first
 from ttp_runs import ITERS, Job, Launch, run_supervised, same_as_reference
 
 DP2 = Launch(2)  # the shape of the shared 2-rank reference
@@ -29,7 +30,7 @@ def _installed_mindio(root: Path) -> Path:
 def unconfigured(tmp_path_factory: pytest.TempPathFactory) -> Job:
     workdir = tmp_path_factory.mktemp("mindio_unconfigured")
     return run_supervised(workdir, DP2, "--save-interval", "100", FT_PLUGINS="all",
-                          PYTHONPATH=str(_installed_mindio(workdir / "site")),
+                          PYTHONPATH=path_first(_installed_mindio(workdir / "site")),
                           FT_PLUGINS_INJECT_FAULT=f"rank=1,step={STEP},kind=kill")
 
 

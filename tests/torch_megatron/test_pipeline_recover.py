@@ -30,8 +30,8 @@ from typing import Any
 
 import pytest
 
-from support import assert_bit_identical, read_records
-from ttp_runs import ITERS, Job, Launch, mindio_env, run_supervised, same_as_reference
+from support import assert_bit_identical
+from ttp_runs import ITERS, Job, Launch, run_supervised, run_with_mindio, same_as_reference
 
 PIPELINE = Launch(8, ("--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
                       "--fp16", "--initial-loss-scale", "4096", "--loss-scale-window", "2",
@@ -84,11 +84,8 @@ def test_the_final_save_is_the_uninterrupted_runs_model_and_optimizer_state_bit_
 # MindIO's recovery handlers (its stand-in's controller in rank 0's process) on 4 ranks, PP=2 x DP=2, bf16:
 # [0, 1] stage 0, [2, 3] stage 1, each rank's data-parallel group its replica layout. Rank 1 (stage 0) is lost as
 # step 3 begins, rank 2 (stage 1) as step 5 begins; each is repaired from its replica in the same stage.
-# gloo's timeout at 2 minutes (Megatron's default 10): a stage peer receiving a message that MindIO's stop cut
-# mid-way waits it out (gloo leaves a half-received message's wait to its timeout, and has no abort), and the
-# stand-in's controller gives a stopped rank 180 s to leave what it was in, as MindIO's does
 MINDIO_PIPELINE = Launch(4, ("--pipeline-model-parallel-size", "2", "--bf16", "--micro-batch-size", "1",
-                             "--global-batch-size", "4", "--distributed-timeout-minutes", "2"),
+                             "--global-batch-size", "4"),
                          (("CUDA_DEVICE_MAX_CONNECTIONS", "1"),))
 MINDIO_FAULTS = "rank=1,step=2,kind=kill;rank=2,step=4,kind=kill"
 
@@ -100,11 +97,8 @@ def mindio_reference(tmp_path_factory: pytest.TempPathFactory) -> Job:
 
 @pytest.fixture(scope="module")
 def mindio_repaired(tmp_path_factory: pytest.TempPathFactory) -> tuple[Job, list[dict[str, Any]]]:
-    workdir = tmp_path_factory.mktemp("pipeline_mindio_repaired")
-    record = workdir / "mindio.jsonl"
-    job = run_supervised(workdir, MINDIO_PIPELINE, "--save-interval", "100", FT_PLUGINS="ttp,recover",
-                         **mindio_env(record), FT_PLUGINS_INJECT_FAULT=MINDIO_FAULTS)
-    return job, read_records(record)
+    return run_with_mindio(tmp_path_factory.mktemp("pipeline_mindio_repaired"), MINDIO_PIPELINE, "--save-interval",
+                           "100", FT_PLUGINS="ttp,recover", FT_PLUGINS_INJECT_FAULT=MINDIO_FAULTS)
 
 
 def test_mindios_handlers_repair_a_rank_lost_in_each_stage_from_its_replica_in_the_same_stage(

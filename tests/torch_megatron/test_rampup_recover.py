@@ -1,5 +1,6 @@
 """``recover`` under ``--rampup-batch-size`` (real 2-rank ``ft-plugins run -- torchrun`` ``pretrain()``, DP=2,
-sample-based training as Megatron requires for a ramp-up), against the uninterrupted run.
+sample-based training as Megatron requires for a ramp-up), against the uninterrupted run; on megatron-core 0.19,
+under ``--step-batch-size-schedule``, its replacement, with the same batches.
 
 The global batch grows 2, 4, 6, 8 samples as samples are consumed, so the micro-batches a step reads change during
 the run. A replacement used to count its way to the survivors' next sample with the number of micro-batches of the
@@ -19,7 +20,21 @@ import pytest
 
 from ttp_runs import Job, Launch, differences, run_job, run_supervised
 
-RAMPUP = Launch(2, ("--micro-batch-size", "1", "--global-batch-size", "8", "--rampup-batch-size", "2", "2", "16"))
+
+
+def _ramp_up() -> tuple[str, ...]:
+    """The ramp-up as the installed megatron-core takes it. 0.19 still takes ``--rampup-batch-size`` but no longer
+    ramps up; its ``--step-batch-size-schedule`` gives the same batches (thresholds in tokens: 32 per sample)."""
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    if Version(version("megatron-core")) >= Version("0.19"):
+        return ("--step-batch-size-schedule", "0:2 192:4 448:6 640:8")
+    return ("--global-batch-size", "8", "--rampup-batch-size", "2", "2", "16")
+
+
+RAMPUP = Launch(2, ("--micro-batch-size", "1", *_ramp_up()))
 SAMPLES = ("--train-samples", "28")  # batches 2, 2, 2, 4, 4, 6, then 8: 7 steps
 STEPS = 7
 FAULTS = "rank=1,step=3,kind=kill;rank=0,step=5,kind=kill,at=update"

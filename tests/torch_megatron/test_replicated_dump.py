@@ -29,7 +29,7 @@ import pytest
 
 from support import FAKES, assert_bit_identical, path_first, read_records
 from report_check import check_faults
-from ttp_runs import (ITERS, Job, Launch, committed_dump, mindio_env, resumed_to_the_end, run_supervised,
+from ttp_runs import (ITERS, Job, Launch, committed_dump, resumed_to_the_end, run_supervised, run_with_mindio,
                       same_as_reference)
 
 DISTRIBUTED = Launch(4, ("--use-distributed-optimizer", "--micro-batch-size", "1", "--global-batch-size", "8"))
@@ -194,11 +194,8 @@ def test_the_report_names_the_three_faults_met_in_place_each_with_its_time_to_tr
 
 @pytest.fixture(scope="module")
 def mindio_recovered(tmp_path_factory: pytest.TempPathFactory) -> tuple[Job, list[dict[str, Any]]]:
-    workdir = tmp_path_factory.mktemp("replicated_mindio_recovered")
-    record = workdir / "mindio.jsonl"
-    job = run_supervised(workdir, DISTRIBUTED, *FAR, FT_PLUGINS="ttp,recover", **mindio_env(record),
-                         FT_PLUGINS_INJECT_FAULT=f"rank=1,step={STEP},kind=kill")
-    return job, read_records(record)
+    return run_with_mindio(tmp_path_factory.mktemp("replicated_mindio_recovered"), DISTRIBUTED, *FAR,
+                           FT_PLUGINS="ttp,recover", FT_PLUGINS_INJECT_FAULT=f"rank=1,step={STEP},kind=kill")
 
 
 def test_mindio_recovery_handlers_repair_rank_1_from_rank_3_and_end_bit_identical(

@@ -8,11 +8,12 @@ import io
 import os
 import subprocess
 import sys
+from argparse import Namespace
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from support import FAKES, MEGATRON_EXAMPLE, TORCHRUN, free_port, path_first, run_to_end
+from support import FAKES, MEGATRON_EXAMPLE, TORCHRUN, free_port, path_first, read_records, run_to_end
 
 ITERS = 6
 
@@ -70,10 +71,17 @@ def slow_disk(write: float, grace: float) -> dict[str, str]:
             "FT_FAKE_SLOW_WRITE": str(write), "FT_FAKE_TORCHRUN_GRACE": str(grace)}
 
 
-def mindio_env(record: Path) -> dict[str, str]:
-    """A job's environment with MindIO's stand-in on the path (ttp's MindIO engine, ARF on), recording to ``record``."""
-    return {"PYTHONPATH": path_first(FAKES),
-            "FT_FAKE_RECORD": str(record), "TTP_ADDR": "127.0.0.1", "TTP_PORT": str(free_port())}
+def run_with_mindio(workdir: Path, launch: "Launch", *args: str, **env: str) -> tuple[Job, list[dict[str, Any]]]:
+    """``run_supervised`` with MindIO's stand-in on the path (ttp's MindIO engine, ARF on), and the calls it recorded.
+
+    gloo's timeout is 2 minutes (Megatron's default 10): a survivor receiving a message that MindIO's stop cut
+    mid-way waits it out (gloo leaves a half-received message's wait to its timeout, and has no abort), and the
+    stand-in's controller gives a stopped rank 180 s to leave what it was in, as MindIO's does. On Ascend,
+    ``stop_device`` ends HCCL's operations at once."""
+    record = workdir / "mindio.jsonl"
+    job = run_supervised(workdir, launch, "--distributed-timeout-minutes", "2", *args, PYTHONPATH=path_first(FAKES),
+                         FT_FAKE_RECORD=str(record), TTP_ADDR="127.0.0.1", TTP_PORT=str(free_port()), **env)
+    return job, read_records(record)
 
 
 @dataclass(frozen=True)
@@ -115,9 +123,8 @@ def differences(left: Path, right: Path, rng: bool = True) -> list[str]:
     a, b = (torch.load(path, map_location="cpu", weights_only=False) for path in (left, right))
     found: list[str] = []
     for key in ("iteration", "model", "optimizer", "opt_param_scheduler", *(("rng_state",) if rng else ()),
-                "num_floating_point_operations_so_far"):
+                "num_floating_point_operations_so_far", "args"):
         _compare(a.get(key), b.get(key), key, found)
-    _compare(a["args"].consumed_train_samples, b["args"].consumed_train_samples, "args.consumed_train_samples", found)
     return found
 
 
@@ -137,7 +144,7 @@ def dist_differences(left: Path, right: Path, rng: bool = True) -> list[str]:
             state = torch.load(f"{scratch}/{index}.pt", map_location="cpu", weights_only=False)
             if (directory / "common.pt").is_file():  # megatron-core < 0.19 keeps what is not sharded there
                 state.update(torch.load(directory / "common.pt", map_location="cpu", weights_only=False))
-            states.append({key: value for key, value in state.items() if key != "args" and (rng or "rng" not in key)})
+            states.append({key: value for key, value in state.items() if rng or "rng" not in key})
     found: list[str] = []
     _compare(*states, "", found)
     if not any(key.startswith("optimizer") and torch.is_tensor(value) for key, value in states[0].items()):
@@ -162,6 +169,8 @@ def _compare(a: Any, b: Any, where: str, found: list[str]) -> None:
     elif isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         if a.dtype != b.dtype or a.shape != b.shape or not torch.equal(a, b):
             found.append(f"{where}: tensors differ")
+    elif isinstance(a, Namespace) and isinstance(b, Namespace):  # the run's arguments, its own paths among them
+        _compare(a.consumed_train_samples, b.consumed_train_samples, f"{where}.consumed_train_samples", found)
     elif isinstance(a, io.BytesIO) and isinstance(b, io.BytesIO):  # a torch_dist save's sharded objects
         if a.getvalue() != b.getvalue():
             found.append(f"{where}: objects differ")

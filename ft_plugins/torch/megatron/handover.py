@@ -73,11 +73,16 @@ def what_this_rank_holds(optimizer: Any) -> tuple[int, int, int | None]:
 
 def step_samples(consumed: int) -> int:
     """The samples of the step that brought the run to ``consumed`` samples: the global batch, or under
-    ``--rampup-batch-size`` the batch Megatron's calculator gives at the step's start (``c`` with
-    ``c + batch(c) == consumed``: one, as the batch never shrinks)."""
+    ``--rampup-batch-size`` (from megatron-core 0.19 ``--step-batch-size-schedule``) the batch Megatron's
+    calculator gives at the step's start (``c`` with ``c + batch(c) == consumed``: one, as the batch never
+    shrinks, so no larger than the batch at ``consumed``; a schedule's batches can exceed ``--global-batch-size``,
+    which Megatron then sets to one micro-batch per data-parallel rank)."""
     calculator = megatron("core.num_microbatches_calculator")
+    calculator.update_num_microbatches(consumed, consistency_check=False)
+    given = megatron("training.global_vars").get_args().global_batch_size
+    largest = max(calculator.get_current_global_batch_size(), given)
     try:
-        for batch in range(1, min(consumed, megatron("training.global_vars").get_args().global_batch_size) + 1):
+        for batch in range(1, min(consumed, largest) + 1):
             calculator.update_num_microbatches(consumed - batch, consistency_check=False)
             if calculator.get_current_global_batch_size() == batch:
                 return batch

@@ -11,7 +11,10 @@ folder on a job's ``PYTHONPATH``.
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import os
+import sys
 import time
 
 import wrapt
@@ -53,3 +56,18 @@ if "FT_FAKE_TORCHRUN_GRACE" in os.environ:
     wrapt.register_post_import_hook(_processes, "torch.distributed.elastic.multiprocessing.api")
     wrapt.register_post_import_hook(_agent, "torch.distributed.elastic.agent.server.local_elastic_agent")
     wrapt.register_post_import_hook(_knows, "ft_plugins.grace")
+
+
+def _run_the_shadowed_sitecustomize() -> None:
+    """Python imports one ``sitecustomize``: the next one on the path after this folder (a side install's, e.g.
+    megatron-core 0.19's shim) runs too, as it would without this folder. Only later entries are searched: an
+    earlier one (``ft-plugins run``'s bootstrap) chain-loaded this one."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    entries = [os.path.abspath(entry or os.curdir) for entry in sys.path]
+    later = sys.path[entries.index(here) + 1:] if here in entries else sys.path
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", later)
+    if spec is not None and spec.loader is not None:
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
+_run_the_shadowed_sitecustomize()
