@@ -34,11 +34,12 @@ fi
 # checkpoints differ (no common.pt since 0.19). Python >= 3.12 by metadata; on 3.11 it needs triton
 # and typing.override, which the directory's sitecustomize takes from typing_extensions.
 NEWER_MEGATRON="$VENV/megatron-core-0.19"
-if [ ! -f "$NEWER_MEGATRON/.installed" ]; then
+NEWER_MEGATRON_PIN="megatron-core==0.19.2"
+if [ "$(cat "$NEWER_MEGATRON/.installed" 2>/dev/null)" != "$NEWER_MEGATRON_PIN" ]; then
   started=$SECONDS
   rm -rf "$NEWER_MEGATRON"
   "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --ignore-requires-python \
-    --python-version 3.12 --only-binary=:all: --target "$NEWER_MEGATRON" megatron-core==0.19.0
+    --python-version 3.12 --only-binary=:all: --target "$NEWER_MEGATRON" "$NEWER_MEGATRON_PIN"
   # triton has compiled parts: this interpreter's own build, not the 3.12 one
   "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --only-binary=:all: \
     --target "$NEWER_MEGATRON/triton-build" triton==3.8.0
@@ -47,8 +48,8 @@ if [ ! -f "$NEWER_MEGATRON/.installed" ]; then
     'import typing' 'if not hasattr(typing, "override"):' \
     '    from typing_extensions import override' '    typing.override = override' \
     > "$NEWER_MEGATRON/sitecustomize.py"
-  touch "$NEWER_MEGATRON/.installed"
-  echo "installed megatron-core 0.19.0 + triton in $NEWER_MEGATRON: $((SECONDS - started)) s," \
+  echo "$NEWER_MEGATRON_PIN" > "$NEWER_MEGATRON/.installed"
+  echo "installed $NEWER_MEGATRON_PIN + triton in $NEWER_MEGATRON: $((SECONDS - started)) s," \
     "$(du -sh "$NEWER_MEGATRON" | cut -f1)"
 fi
 # install_beside DIR PIP_ARGS...: a newer release installed into DIR beside the pinned one, never on sys.path

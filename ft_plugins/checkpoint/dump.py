@@ -55,16 +55,18 @@ class Outcome:
     reasons: list[str] = field(default_factory=list)
 
 
-def write_part(save_dir: str, part: Part, writes: Mapping[str, Callable[[str], None]]) -> str:
+def write_part(save_dir: str, part: Part, writes: Mapping[str, Callable[[str], None]]) -> int:
     """Write one shard's files of the dump of ``part.iteration`` (``{filename: write(path)}``), then its record.
 
     Each file appears under its final name only once complete and on disk; the record, naming
     them, after the last. Several writers of the same shard are harmless (each renames whole files
-    over the other's). Returns the shard directory.
+    over the other's). Returns the bytes written, counted before the record: once it is there, a peer may
+    commit the dump and its directory moves.
     """
     directory = os.path.join(dump_dir(save_dir, part.iteration), part.shard)
     staging = os.path.join(directory, f"{STAGING_PREFIX}{part.writer}")
     os.makedirs(staging, exist_ok=True)
+    written = 0
     for filename, write in writes.items():
         target = os.path.join(directory, filename)
         temporary = os.path.join(staging, filename)  # the final name: torch.save names its archive after the file
@@ -72,11 +74,12 @@ def write_part(save_dir: str, part: Part, writes: Mapping[str, Callable[[str], N
             write(temporary)
         with open(temporary, "rb+") as handle:
             os.fsync(handle.fileno())
+            written += os.fstat(handle.fileno()).st_size
         os.replace(temporary, target)
     shutil.rmtree(staging, ignore_errors=True)  # with what an earlier attempt of this writer, killed, left there
     with atomic_file(os.path.join(directory, PART_RECORD), sync_directory=True) as handle:
         json.dump({**asdict(part), "files": list(writes)}, handle)
-    return directory
+    return written
 
 
 def read_part(shard_dir: str) -> Part | None:

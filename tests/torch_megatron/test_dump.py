@@ -107,6 +107,28 @@ def test_what_a_killed_attempt_of_the_same_writer_left_does_not_stop_its_next_du
         PART_RECORD, "model_optim_rng.pt"]
 
 
+def test_the_last_writer_counts_its_bytes_before_a_peer_commits_the_dump(tmp_path: Path, monkeypatch) -> None:
+    """A peer commits the dump the moment the last part's record is there (the dump directory moves): the writer
+    still knows what it wrote. It used to look its files up afterwards, and said "dump failed: FileNotFoundError"
+    of a part the peer had just committed (seen under load, TP=2 x DP=2)."""
+    from contextlib import contextmanager
+
+    import ft_plugins.checkpoint.dump as dump
+
+    _part(tmp_path, "mp_rank_00", 5)
+    plain = dump.atomic_file
+
+    @contextmanager
+    def committed_by_a_peer_once_written(*args, **kwargs):
+        with plain(*args, **kwargs) as handle:
+            yield handle
+        assert commit_dump(str(tmp_path), 5).committed
+
+    monkeypatch.setattr(dump, "atomic_file", committed_by_a_peer_once_written)
+    written = write_part(str(tmp_path), Part("mp_rank_01", 5, SHARDS, 1), {"model_optim_rng.pt": _zip})
+    assert written == (tmp_path / "iter_0000005" / "mp_rank_01" / "model_optim_rng.pt").stat().st_size
+
+
 def test_a_dumped_file_is_byte_for_byte_the_save_of_the_same_state(tmp_path: Path) -> None:
     """``torch.save`` names its zip archive after the file: written under a temporary name, a dump's archive was
     named otherwise than Megatron's save of the same state (loaded alike, but not the same bytes)."""

@@ -193,9 +193,8 @@ class MegatronDump:
         state = saved_state(step.model, step.optimizer, step.scheduler, iteration, rng, consumed)
         state["num_floating_point_operations_so_far"] = self.flops(consumed, parsed)
         writes[FILENAME] = lambda path: torch.save(state, path)
-        directory = write_part(save_dir, Part(shard, iteration, shards, rank), writes)
+        size = write_part(save_dir, Part(shard, iteration, shards, rank), writes)
         written = time.monotonic()
-        size = sum(os.path.getsize(os.path.join(directory, name)) for name in writes)
         grace.record(save_dir, grace.Measured(size, written - started, f"dump of iteration {iteration}"))
         status = self.commit(save_dir, iteration) if commit else "committed on MindIO's rename"
         log.warning("ttp: %s: rank %d dumped %s of iteration %d in %.0f ms; %s", reason, rank, shard,
