@@ -1,13 +1,13 @@
 """MindFormers' own resume, guarded: ft_plugins chooses the checkpoint before MindFormers loads it.
 
-MindFormers resumes (``resume_training: True`` or a file name, ``load_checkpoint`` a folder or a file)
-inside ``BaseTrainer.training_process``, long before it builds the callbacks: it reads the epoch and
-step from the file it chose (``load_resume_context_from_checkpoint``), skips data to that step, then
-loads the file. Every version from 1.3 to 1.9 (1.6 on supported) calls that function of ``mindformers.trainer.utils``
-there, and ``check_runner_config`` right after the resume decision. Wrapping the first, ft_plugins
-puts the newest intact checkpoint in its place (each skipped one logged with its reason); MindFormers
-then reads, skips and loads as it does itself. The second records what MindFormers decided, so the
-``ResumeCallback`` of that run knows MindFormers owns the resume and only commits saves.
+MindFormers resumes (``resume_training: True`` or a file name, ``load_checkpoint`` a folder or a file) inside
+``BaseTrainer.training_process``, long before it builds the callbacks: it reads the epoch and step from the
+file it chose (``load_resume_context_from_checkpoint``), skips data to that step, then loads the file. Every
+version from 1.3 to 1.9 (the supported ones: 1.6 on) calls that function of ``mindformers.trainer.utils``
+there, and ``check_runner_config`` right after the resume decision. Wrapping the first, ft_plugins puts the
+newest intact checkpoint in its place (each skipped one logged with its reason); MindFormers then reads, skips
+and loads as it does itself. The second records what MindFormers decided, so the ``ResumeCallback`` of that
+run knows MindFormers owns the resume and only commits saves.
 
 Installed when MindFormers' registry loads (the start-up hook ``ft-plugins-mindformers.pth``, or
 ``import ft_plugins.mindspore``). It acts only when the YAML ``callbacks:`` hold a ``FaultTolerance``
