@@ -46,13 +46,16 @@ def beside(path: str) -> str:
 
 
 def sample_digest(path: str, size: int, known_regular: bool = False) -> str:
-    """A digest of the file's head and tail (bounded reads; ``known_regular``: see :func:`.reading.open_descriptor`)."""
+    """A digest of the head and tail of a file of ``size`` bytes (bounded reads, none past ``size``: on a file of
+    that size a read to its end never asks for the end-of-file; ``known_regular``: see
+    :func:`.reading.open_descriptor`)."""
     digest = hashlib.blake2b(digest_size=16)
     descriptor = open_descriptor(path, known_regular)
     try:
-        digest.update(read_at(descriptor, _HEAD, 0))
+        digest.update(read_at(descriptor, min(_HEAD, size), 0))
         if size > _HEAD:
-            digest.update(read_at(descriptor, _TAIL, max(_HEAD, size - _TAIL)))
+            tail = max(_HEAD, size - _TAIL)
+            digest.update(read_at(descriptor, size - tail, tail))
     finally:
         os.close(descriptor)
     return digest.hexdigest()

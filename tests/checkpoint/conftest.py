@@ -62,6 +62,22 @@ def run_ok(command: list[str], **kwargs) -> subprocess.CompletedProcess:
     return result
 
 
+def _walked_here(data: bytes) -> dict[str, int]:
+    raise AssertionError("walked in the checking process")
+
+
+@pytest.fixture(params=["here", "apart"])
+def metadata_walk(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each ``.metadata`` walked in the checking process, then in a process of its own, as a large one is; in
+    the second the walk here fails, so every answer comes from that process."""
+    from ft_plugins.checkpoint import distcp
+
+    if request.param == "apart":
+        monkeypatch.setattr(distcp, "_APART", 0)
+        monkeypatch.setattr(distcp, "storage_extents", _walked_here)
+    return request.param
+
+
 @pytest.fixture(scope="session")
 def damage() -> SimpleNamespace:
     return SimpleNamespace(copy=copy_save, truncate=truncate, zero=zero, flip=flip_byte,

@@ -66,7 +66,7 @@ def test_empty_directory_has_nothing_to_resume(tmp_path: Path, capsys) -> None:
     assert newest_intact_checkpoint(str(tmp_path / "not-yet")) is None
 
 
-def test_probing_never_unpickles(tmp_path: Path) -> None:
+def test_probing_never_unpickles(tmp_path: Path, metadata_walk: str) -> None:
     control = tmp_path / "control"
     pickle.loads(pickle.dumps(_Trap(control)))
     assert control.exists()  # the trap works when something does unpickle it
@@ -172,16 +172,26 @@ def test_the_package_face_imports_nothing_until_a_name_is_used() -> None:
 def test_a_sample_digest_is_of_the_head_and_tail_however_short_the_reads(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """The manifest's sample: the first 4 KiB and the last 64 KiB past them, read at offsets without a file
-    object; reads the file system cuts short (here 7 bytes at most) are continued, so the digest is the same."""
+    object; reads the file system cuts short (here 7 bytes at most) are continued, so the digest is the same.
+    Whole reads take one call each: none asks past the end for the end of the file (10,000 calls at 10,000 ranks)."""
     import hashlib
 
     from ft_plugins.checkpoint.manifest import sample_digest
 
-    pread = os.pread
-    monkeypatch.setattr(os, "pread", lambda descriptor, length, offset: pread(descriptor, min(length, 7), offset))
+    pread, cut, calls = os.pread, [7], []
+
+    def short_pread(descriptor: int, length: int, offset: int) -> bytes:
+        calls.append(offset)
+        return pread(descriptor, min(length, *cut), offset)
+
+    monkeypatch.setattr(os, "pread", short_pread)
     for size in (0, 100, 4096, 5000, 70_000, 200_000):
         path = tmp_path / f"f{size}"
         data = os.urandom(size)
         path.write_bytes(data)
         expected = hashlib.blake2b(data[:4096] + data[max(4096, size - (64 << 10)):], digest_size=16).hexdigest()
+        cut[:] = [7]
         assert sample_digest(str(path), size) == expected, size
+        cut[:], calls[:] = [1 << 20], []
+        assert sample_digest(str(path), size) == expected, size
+        assert len(calls) == (size > 0) + (size > 4096), (size, calls)

@@ -223,7 +223,8 @@ def test_mindspore_json_side_files_of_the_wrong_shape(tmp_path: Path) -> None:
     assert verify(directory).intact is False
 
 
-def test_distcp_metadata_is_walked_not_unpickled_and_its_shard_paths_kept_inside(tmp_path: Path) -> None:
+def test_distcp_metadata_is_walked_not_unpickled_and_its_shard_paths_kept_inside(tmp_path: Path,
+                                                                                 metadata_walk: str) -> None:
     """The extents come from the ``.metadata`` opcodes; a shard file named outside the checkpoint is not stat-ed."""
     import warnings
 
@@ -255,10 +256,12 @@ def _memo_put_at(metadata: bytes, protocol: int, index: int | None) -> bytes:
     return data[:at] + (b"p%d\n" % index if protocol == 0 else b"r" + struct.pack("<I", index)) + data[end:]
 
 
-def test_a_metadata_memo_index_beyond_its_size_is_refused_before_unpickling(tmp_path: Path) -> None:
+@pytest.mark.parametrize("apart", [1 << 60, 0], ids=["walked here", "walked apart"])
+def test_a_metadata_memo_index_beyond_its_size_is_refused_before_unpickling(apart: int, tmp_path: Path) -> None:
     """Four bytes of a LONG_BINPUT (or a PUT's line) would have the C unpickler set aside index x 16 bytes at
     once; such a .metadata is refused by its reason, read in a child whose address space could not grant it,
-    while the memo puts of every protocol's honest pickle still pass."""
+    while the memo puts of every protocol's honest pickle still pass; the same where the walk runs in a process
+    of its own (``apart``: the size from which it does)."""
     import warnings
 
     import torch.distributed.checkpoint as dcp
@@ -276,9 +279,12 @@ def test_a_metadata_memo_index_beyond_its_size_is_refused_before_unpickling(tmp_
         (tmp_path / name / "__0_0.distcp").write_bytes((tmp_path / "saved" / "__0_0.distcp").read_bytes())
     child = ("import json, resource, sys\n"
              "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
+             "from ft_plugins.checkpoint import distcp\n"
              "from ft_plugins.checkpoint.probes import probe\n"
-             "print(json.dumps({name: probe(f'{sys.argv[1]}/{name}/.metadata') for name in sys.argv[2:]}))")
-    result = subprocess.run([PYTHON, "-c", child, str(tmp_path), *cases], capture_output=True, text=True, timeout=120)
+             "distcp._APART = int(sys.argv[2])\n"
+             "print(json.dumps({name: probe(f'{sys.argv[1]}/{name}/.metadata') for name in sys.argv[3:]}))")
+    result = subprocess.run([PYTHON, "-c", child, str(tmp_path), str(apart), *cases], capture_output=True, text=True,
+                            timeout=120)
     reasons = json.loads(result.stdout)
     assert {name: reasons[name] for name in cases if name.startswith("protocol")} == dict.fromkeys(
         ["protocol 0", "protocol 2", "protocol 5"]), reasons
@@ -306,30 +312,42 @@ def _state(path: object = "__0_0.distcp", offset: object = 0, length: object = 4
     _state(path=7), b"](e", b"(\x88" + _state() + b"t",  # a list; a tuple whose first item is no dict
 ], ids=["no length", "negative offset", "negative length", "length True", "offset a string", "path a number",
         "a list", "a tuple without a dict"])
-def test_a_shard_record_of_the_wrong_shape_is_refused(state: bytes) -> None:
-    import io
+def test_a_shard_record_of_the_wrong_shape_is_refused(state: bytes, tmp_path: Path, metadata_walk: str) -> None:
+    (tmp_path / "__0_0.distcp").write_bytes(b"\0" * 16)
+    (tmp_path / ".metadata").write_bytes(_records(_state(), state))
+    assert probe(str(tmp_path / ".metadata")) == ("pickle opcodes broken: ValueError: a shard record without a file, "
+                                                 "offset and length")
 
-    from ft_plugins.checkpoint.distcp import storage_extents
 
-    with pytest.raises(ValueError, match="a shard record without a file, offset and length"):
-        storage_extents(io.BytesIO(_records(_state(), state)))
+def test_a_metadata_walk_that_cannot_run_apart_runs_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No interpreter to start, or one that ends without its answer: the check walks the file itself, with the
+    same answers."""
+    from ft_plugins.checkpoint import distcp
+
+    (tmp_path / "__0_0.distcp").write_bytes(b"\0" * 12)
+    metadata = tmp_path / ".metadata"
+    metadata.write_bytes(_records(_state(offset=8)))
+    monkeypatch.setattr(distcp, "_APART", 0)
+    for interpreter in (str(tmp_path / "no-python"), "/bin/false"):
+        monkeypatch.setattr(sys, "executable", interpreter)
+        assert probe(str(metadata)) is None, interpreter
+        metadata.write_bytes(_records(_state(offset=9)))
+        assert probe(str(metadata)) == "__0_0.distcp holds 12 bytes, its shards need 13 (truncated)", interpreter
+        metadata.write_bytes(_records(_state(offset=8)))
 
 
 def test_each_shard_file_must_hold_its_furthest_record() -> None:
     """Records in any order, a state as (dict, slots) too: each file's extent is the end of its furthest one."""
-    import io
-
     from ft_plugins.checkpoint.distcp import storage_extents
 
     data = _records(_state(offset=8), _state(offset=0), b"(" + _state("__1_0.distcp", 2, 3) + b"Nt")
-    assert storage_extents(io.BytesIO(data)) == {"__0_0.distcp": 12, "__1_0.distcp": 5}
+    assert storage_extents(data) == {"__0_0.distcp": 12, "__1_0.distcp": 5}
 
 
 def test_a_framed_metadata_is_unpickled_a_frame_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """A .metadata of protocol 4 or later (DCP's) is handed to the unpickler one frame per call of a Python
     method, each a point where the check's other threads take their turn at the interpreter lock; an unframed
     one is read whole, which would otherwise cost a call per opcode. The extents are the same."""
-    import io
     import pickle
 
     from torch.distributed.checkpoint.filesystem import _StorageInfo
@@ -342,6 +360,6 @@ def test_a_framed_metadata_is_unpickled_a_frame_at_a_time(monkeypatch: pytest.Mo
     monkeypatch.setattr(distcp._Turns, "read", lambda self, size=-1: (calls.append(size), read(self, size))[1])
     for protocol in (2, 4, 5):
         calls.clear()
-        extents = distcp.storage_extents(io.BytesIO(pickle.dumps(records, protocol=protocol)))
+        extents = distcp.storage_extents(pickle.dumps(records, protocol=protocol))
         assert extents == {f"__{rank}_0.distcp": 64 for rank in range(5000)}
         assert (len(calls) > 3) == (protocol >= 4), (protocol, len(calls))
