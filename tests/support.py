@@ -19,6 +19,7 @@ TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 MEGATRON_EXAMPLE = REPO / "examples" / "megatron_gpt" / "pretrain_gpt.py"
 # megatron-core 0.19 beside the venv's 0.17 (scripts/setup.sh installs it); put first on PYTHONPATH to use it
 NEWER_MEGATRON = Path(sys.prefix) / "megatron-core-0.19"
+TRAINED_ON_0_19 = f"{NEWER_MEGATRON.name}{os.sep}megatron{os.sep}"  # in the warnings of each job that imports it
 OLDEST_MEGATRON = Path(sys.prefix) / "megatron-core-0.8"  # megatron/core only
 # the newest transformers (scripts/requirements-transformers-5.txt), or the side directory the child pytest of
 # tests/hf/test_transformers_5_first.py names (the first 5.x release, scripts/requirements-transformers-5.0.txt)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from support import NEWER_MEGATRON, PYTHON, assert_bit_identical
+from support import NEWER_MEGATRON, PYTHON, TRAINED_ON_0_19, assert_bit_identical
 from ttp_runs import ITERS, Job, Launch, committed_dump, run_supervised
 
 NEWER = Launch(2, env=(("PYTHONPATH", str(NEWER_MEGATRON)),))
@@ -45,7 +45,7 @@ def newer_dumped(tmp_path_factory: pytest.TempPathFactory) -> Job:
 
 def test_the_dump_on_megatron_core_0_19_is_committed_and_is_its_own_save(newer_dumped: Job,
                                                                          newer_reference: Job) -> None:
-    assert f"{NEWER_MEGATRON.name}{os.sep}megatron{os.sep}" in newer_dumped.output, "the run used 0.19"
+    assert TRAINED_ON_0_19 in newer_dumped.output, "the run used 0.19"
     committed_dump(newer_dumped, STEP)
     assert not newer_dumped.lines("dump failed"), newer_dumped.output[-3000:]
     shard = "mp_rank_00/model_optim_rng.pt"
@@ -78,7 +78,7 @@ def newer_recovered(tmp_path_factory: pytest.TempPathFactory) -> tuple[Job, Job]
 def test_recover_with_replicas_on_megatron_core_0_19_ends_bit_identical(newer_recovered: tuple[Job, Job]) -> None:
     reference, recovered = newer_recovered
     assert recovered.returncode == 0, recovered.output[-5000:]
-    assert f"{NEWER_MEGATRON.name}{os.sep}megatron{os.sep}" in recovered.output, "the run used 0.19"
+    assert TRAINED_ON_0_19 in recovered.output, "the run used 0.19"
     assert recovered.lines("with 2 replicas over data-parallel size 4")
     sent = recovered.lines("sent the state of step 2 (")
     assert len(sent) == 1 and sent[0].endswith("to rank 1") and "rank 3 sent" in sent[0], sent  # the same place

@@ -11,13 +11,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from support import NEWER_MEGATRON, assert_child_pytest_passes, first_on_path
+from support import NEWER_MEGATRON, TRAINED_ON_0_19, assert_child_pytest_passes, first_on_path
 
 HERE = Path(__file__).resolve().parent
 NEWEST = first_on_path(NEWER_MEGATRON)
 ONE_RELEASE = ("test_megatron_newer_dump.py", "test_megatron_names.py", "test_megatron_releases.py",
                "test_megatron_newest_suite.py")
-TRAINED_ON_0_19 = f"{NEWER_MEGATRON.name}{os.sep}megatron{os.sep}"  # in the warnings of each job that imports it
 
 
 def test_the_megatron_tests_pass_on_megatron_core_0_19(tmp_path: Path) -> None:

@@ -78,10 +78,10 @@ def step_samples(consumed: int) -> int:
     shrinks, so no larger than the batch at ``consumed``; a schedule's batches can exceed ``--global-batch-size``,
     which Megatron then sets to one micro-batch per data-parallel rank)."""
     calculator = megatron("core.num_microbatches_calculator")
-    calculator.update_num_microbatches(consumed, consistency_check=False)
     given = megatron("training.global_vars").get_args().global_batch_size
-    largest = max(calculator.get_current_global_batch_size(), given)
     try:
+        calculator.update_num_microbatches(consumed, consistency_check=False)
+        largest = max(calculator.get_current_global_batch_size(), given)
         for batch in range(1, min(consumed, largest) + 1):
             calculator.update_num_microbatches(consumed - batch, consistency_check=False)
             if calculator.get_current_global_batch_size() == batch:

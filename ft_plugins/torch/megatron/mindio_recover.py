@@ -37,12 +37,11 @@ from ft_plugins.torch.megatron import loop
 from ft_plugins.torch.megatron.handover import (Batches, Chunks, apply, kept, receive, send, set_rng, state_at,
                                                 unreplicated, without_load)
 from ft_plugins.torch.megatron.regroup import Regroup, megatron_roots, require_successors
-from ft_plugins.torch.megatron.state import megatron, megatron_args, optional_megatron
+from ft_plugins.torch.megatron.state import TRAINING, megatron, megatron_args, optional_megatron
 from ft_plugins.vendors import mindio
 
 log = logging.getLogger("ft_plugins.recover")
 
-TRAINING = "megatron.training.training"
 STAGES = ("stop", "clean", "rebuild_group", "repair", "rollback")
 # the stage each handler follows: what MindIO's controller has called on this rank before it
 AFTER = {"stop": ("", "rollback"), "clean": ("stop",), "rebuild_group": ("clean",), "repair": ("rebuild_group",),

@@ -51,13 +51,12 @@ from ft_plugins.torch.megatron import loop
 from ft_plugins.torch.megatron.handover import (Batches, Chunks, apply, kept, receive, send, set_rng, state_at,
                                                 step_samples, unsupported, what_this_rank_holds, without_load)
 from ft_plugins.torch.megatron.regroup import Regroup, megatron_roots, require_successors
-from ft_plugins.torch.megatron.state import argument, current_iteration, megatron, train_step_items
+from ft_plugins.torch.megatron.state import TRAINING, argument, current_iteration, megatron, train_step_items
 from ft_plugins.torch.megatron.ttp import MegatronTtp
 from ft_plugins.triggers import EXIT_ON_ERROR
 
 log = logging.getLogger("ft_plugins.recover")
 
-TRAINING = "megatron.training.training"
 POLL = 0.02  # seconds between looks at the store while waiting
 # after a repair: run the step again, count it as done by a peer (then log it), or run the save of K again
 REPEAT, BEHIND, SAVE = "repeat", "behind", "save"
