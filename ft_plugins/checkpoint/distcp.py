@@ -124,13 +124,14 @@ def _walked_apart(data: bytes) -> dict[str, int] | None:
     None when no such process ran to its answer (then the walk runs here). Raises WalkRefused."""
     import ft_plugins
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(ft_plugins.__file__)))  # this ft_plugins, not another
-    path = os.pathsep.join(filter(None, (root, without_bootstrap(os.environ.get("PYTHONPATH", "")))))
+    # run where this ft_plugins lies: ``-c`` puts the current directory first on the path, so no other is imported
+    root = os.path.dirname(os.path.dirname(os.path.abspath(ft_plugins.__file__)))
+    env = dict(os.environ, PYTHONPATH=without_bootstrap(os.environ.get("PYTHONPATH", "")))
     try:
         # one write and one read, each a single wait without the interpreter lock (communicate() would take the
         # lock again for every 4 KB, in turn with every thread of the check)
         with subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, env=dict(os.environ, PYTHONPATH=path)) as child:
+                              stderr=subprocess.DEVNULL, cwd=root, env=env) as child:
             with child.stdin:
                 child.stdin.write(data)
             answer = json.loads(child.stdout.read())
