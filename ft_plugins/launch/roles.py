@@ -6,8 +6,8 @@
 | ``msrun`` | the msrun script, ``-m mindspore.parallel.cluster.run`` | publishes the features its workers start with (MindSpore's process manager starts TaskD's agent itself) |
 | ``scheduler`` | ``MS_ROLE=MS_SCHED`` (msrun's scheduler runs the training script too) | nothing |
 | ``helper`` | multiprocessing's spawn, forkserver and resource-tracker children | nothing: their parent is active |
-| ``worker`` | ``TORCHELASTIC_RUN_ID`` (torchrun) or ``MS_ROLE=MS_WORKER`` (msrun) | active, as ``import ft_plugins.torch`` / ``ft_plugins.mindspore`` do, on the framework's import |
-| ``python`` | anything else | the same as a worker |
+| ``worker`` | ``TORCHELASTIC_RUN_ID`` (torchrun) or ``MS_ROLE=MS_WORKER`` (msrun) | active, as ``import ft_plugins.torch`` / ``ft_plugins.mindspore`` do, on the import of its launcher's framework (an msrun worker's import of torch, which MindFormers makes, activates nothing) |
+| ``python`` | anything else | active on the import of either framework |
 """
 
 from __future__ import annotations
@@ -30,6 +30,10 @@ FRAMEWORK_GLUE = {"torch": "ft_plugins.torch", "mindspore": "ft_plugins.mindspor
 class Role:
     name: str
     reason: str
+    framework: str = ""  # the one framework whose import activates ft_plugins here; "": either
+
+    def activates(self, framework: str) -> bool:
+        return self.active and self.framework in ("", framework)
 
     @property
     def active(self) -> bool:
@@ -71,9 +75,9 @@ def detect(orig_argv: Sequence[str], env: Mapping[str, str]) -> Role:
     if ms_role == "MS_SCHED":
         return Role("scheduler", "msrun's scheduler (MS_ROLE=MS_SCHED)")
     if ms_role == "MS_WORKER":
-        return Role("worker", "an msrun worker (MS_ROLE=MS_WORKER)")
+        return Role("worker", "an msrun worker (MS_ROLE=MS_WORKER)", "mindspore")
     if env.get("TORCHELASTIC_RUN_ID"):
-        return Role("worker", "a torchrun worker (TORCHELASTIC_RUN_ID)")
+        return Role("worker", "a torchrun worker (TORCHELASTIC_RUN_ID)", "torch")
     return Role("python", "a Python process")
 
 
@@ -93,7 +97,8 @@ def boot() -> Role:
         defer_collection(os.environ)
         when_imported("torch.distributed.rendezvous", keep_attempts_apart)
         for framework, glue in FRAMEWORK_GLUE.items():
-            when_imported(framework, lambda _module, glue=glue: _activate(glue))
+            if role.activates(framework):
+                when_imported(framework, lambda _module, glue=glue: _activate(glue))
     return role
 
 

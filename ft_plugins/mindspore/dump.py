@@ -70,6 +70,7 @@ class Snapshot(NamedTuple):
     step: int  # MindSpore's global step counter
     step_in_epoch: int
     parameters: list[tuple[str, Any]]  # (name, numpy array), in the network's order
+    loss_scale: Any = None  # what a loss-scaled step returned third, which MindFormers' saves keep as loss_scale
 
 
 class Target(NamedTuple):
@@ -128,7 +129,10 @@ class DumpEngine:
         started = time.perf_counter()
         parameters = [(p.name, p.asnumpy().copy()) for p in cb_params.train_network.get_parameters()]
         step = cb_params.cur_step_num
-        self.snapshot = Snapshot(cb_params.cur_epoch_num, step, (step - 1) % cb_params.batch_num + 1, parameters)
+        outputs = cb_params.net_outputs
+        scale = outputs[2].asnumpy().copy() if isinstance(outputs, (tuple, list)) and len(outputs) >= 3 else None
+        self.snapshot = Snapshot(cb_params.cur_epoch_num, step, (step - 1) % cb_params.batch_num + 1, parameters,
+                                 scale)
         self.copy_seconds += time.perf_counter() - started
         if self.speed is not None and self.target is not None:  # what a dump of it would write: every rank's file
             files = self.target.ranks if self.target.per_rank else 1
@@ -250,9 +254,14 @@ class DumpEngine:
         try:
             if os.path.exists(path):
                 return None
-            append = {**target.append}
+            # what the step left over the entries MindFormers' CheckpointMonitor sets at its own saves only (stale
+            # until then): a parameter's value over an entry of its name (global_step), the step's loss scale
+            held = {name for name, _ in snapshot.parameters}
+            append = {name: value for name, value in target.append.items() if name not in held}
             append.update({name: value + (snapshot.epoch if name == "epoch_num" else snapshot.step)
-                           for name, value in target.append.items() if name in ("epoch_num", "step_num")})
+                           for name, value in append.items() if name in ("epoch_num", "step_num")})
+            if "loss_scale" in append and snapshot.loss_scale is not None:
+                append["loss_scale"] = mindspore.Tensor(snapshot.loss_scale)
             os.makedirs(staging, exist_ok=True)
             partial = os.path.join(staging, os.path.basename(path))
             mindspore.save_checkpoint([{"name": name, "data": mindspore.Tensor(array)}

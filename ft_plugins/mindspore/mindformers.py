@@ -25,6 +25,7 @@ from ft_plugins import config as config_module
 from ft_plugins import logs
 from ft_plugins.checkpoint import verify
 from ft_plugins.checkpoint.layouts.mindspore import recorded_step
+from ft_plugins.checkpoint.reading import read_json
 from ft_plugins.features import declared_options
 from ft_plugins.features.resume import Resume
 from ft_plugins.mindspore.base import FRAMEWORK, global_rank, save_root
@@ -102,8 +103,9 @@ def choose(config: Any, feature: Resume) -> None:
     """Point MindFormers' resume at the newest intact checkpoint: what it loads becomes that file (in the field
     where its release keeps it, :func:`_load_path`).
 
-    The file MindFormers picked (``resume_training`` holds its name by now: the user's, or the one its
-    ``meta.json`` names; or the load path is a file) is kept when intact."""
+    A file the user named (in ``resume_training``, or as the load path) is kept when intact. The one MindFormers'
+    ``meta.json`` names is only its last regular save: a newer intact checkpoint, such as ``ttp``'s dump of the
+    last completed step (which ``meta.json`` never records), comes first."""
     load, rank = _load_path(config), global_rank() or 0
     if os.path.isdir(load):
         root = load
@@ -116,7 +118,8 @@ def choose(config: Any, feature: Resume) -> None:
     from ft_plugins.mindspore.recording import begin
 
     begin(root)  # before the choice, which the record holds
-    if named is not None and os.path.isfile(named):
+    from_meta = named is not None and _meta_names(named)
+    if named is not None and os.path.isfile(named) and not from_meta:
         verdict = verify(named, deep=feature.settings["deep"])
         if verdict.intact:
             log.info("resume: MindFormers resumes from %s (step %s), its own pick, intact", named,
@@ -129,9 +132,22 @@ def choose(config: Any, feature: Resume) -> None:
         config.resume_training = False
         _set_load_path(config, "")
         return
-    log.info("resume: MindFormers resumes from %s (step %s)", selection.path, selection.iteration)
+    if from_meta and os.path.abspath(selection.path) == os.path.abspath(named):
+        log.info("resume: MindFormers resumes from %s (step %s), its own pick, intact", named, selection.iteration)
+        return
+    log.info("resume: MindFormers resumes from %s (step %s)%s", selection.path, selection.iteration,
+             f", not {os.path.basename(named)}, which its meta.json names" if from_meta else "")
     config.resume_training = True
     _set_load_path(config, selection.path)
+
+
+def _meta_names(path: str) -> bool:
+    """Whether the ``meta.json`` beside ``path`` (MindFormers' record of its last save) names it."""
+    try:
+        meta = read_json(os.path.join(os.path.dirname(path), "meta.json"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("last_ckpt_file") == os.path.basename(path)
 
 
 def _guard(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:

@@ -214,14 +214,32 @@ def test_manager_config_error_stops_before_the_command(vendors: Vendors, tmp_pat
     assert "ran" not in result.stdout
 
 
+def test_an_msrun_worker_that_imports_torch_stays_a_mindspore_worker(vendors: Vendors, tmp_path: Path) -> None:
+    """MindFormers imports torch: in an msrun worker that import activates no torch glue (its features would
+    say they are watched by torchrun, and take SIGTERM over beside MindSpore's)."""
+    import json
+
+    script = tmp_path / "worker.py"
+    script.write_text("import json, sys\nimport torch  # noqa: F401\nfrom ft_plugins.launch import roles\n"
+                      "print(json.dumps([roles.CURRENT.name, 'ft_plugins.torch' in sys.modules]))\n")
+    for extra, expected in (({"MS_ROLE": "MS_WORKER"}, ["worker", False]), ({}, ["python", True])):
+        env = launch_env(vendors, tmp_path, FT_PLUGINS_LOG="warning", **extra)
+        result = ft_run(["--features", "resume", "--", PYTHON, str(script)], env, tmp_path, timeout=180)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert json.loads(result.stdout.strip().splitlines()[-1]) == expected, extra
+
+
 def test_role_detection_of_launchers_and_workers() -> None:
     assert roles.detect([PYTHON, "/venv/bin/torchrun", "--nproc-per-node", "2", "x.py"], {}).name == "torchrun"
     assert roles.detect([PYTHON, "-m", "torch.distributed.run", "x.py"], {}).name == "torchrun"
     assert roles.detect([PYTHON, "/venv/bin/msrun", "--worker_num=2", "x.py"], {}).name == "msrun"
     assert roles.detect(["python", "x.py"], {"MS_ROLE": "MS_SCHED"}).name == "scheduler"
-    assert roles.detect(["python", "x.py"], {"MS_ROLE": "MS_WORKER"}).name == "worker"
-    assert roles.detect(["python", "-u", "x.py"], {"TORCHELASTIC_RUN_ID": "1", "RANK": "0"}).name == "worker"
-    assert roles.detect(["python", "-W", "ignore", "x.py"], {}).name == "python"
+    msrun_worker = roles.detect(["python", "x.py"], {"MS_ROLE": "MS_WORKER"})
+    torchrun_worker = roles.detect(["python", "-u", "x.py"], {"TORCHELASTIC_RUN_ID": "1", "RANK": "0"})
+    plain = roles.detect(["python", "-W", "ignore", "x.py"], {})
+    assert (msrun_worker.name, torchrun_worker.name, plain.name) == ("worker", "worker", "python")
+    assert [[role.activates(framework) for framework in ("torch", "mindspore")]
+            for role in (msrun_worker, torchrun_worker, plain)] == [[False, True], [True, False], [True, True]]
     spawn = [sys.executable, "-c", "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, pipe_handle=7)",
              "--multiprocessing-fork"]
     assert roles.detect(spawn, {"TORCHELASTIC_RUN_ID": "1"}).name == "helper"

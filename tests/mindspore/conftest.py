@@ -69,8 +69,8 @@ def dataset(samples: int = 2 * STEPS_PER_EPOCH) -> Any:
     return ds.NumpySlicesDataset({"data": data, "label": labels}, shuffle=False).batch(2)
 
 
-def model(optimizer_class: Any = None) -> Any:
-    """A fresh tiny regression model; ``optimizer_class`` defaults to Momentum."""
+def model(optimizer_class: Any = None, **options: Any) -> Any:
+    """A fresh tiny regression model; ``optimizer_class`` defaults to Momentum; ``options`` go to ``Model``."""
     import mindspore
     from mindspore import nn
     from mindspore.train import Model
@@ -78,7 +78,7 @@ def model(optimizer_class: Any = None) -> Any:
     mindspore.set_seed(1)
     network = nn.Dense(4, 1)
     optimizer = (optimizer_class or nn.Momentum)(network.trainable_params(), learning_rate=0.01, momentum=0.9)
-    return Model(network, loss_fn=nn.MSELoss(), optimizer=optimizer)
+    return Model(network, loss_fn=nn.MSELoss(), optimizer=optimizer, **options)
 
 
 def checkpointing(directory: Path, prefix: str = "tiny") -> Any:

@@ -71,19 +71,20 @@ def job_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def msrun_command(job: Job, form: str, launcher: tuple[str, ...] = ()) -> list[str]:
+def msrun_command(job: Job, program: tuple[str, ...], launcher: tuple[str, ...] = ()) -> list[str]:
     return [*launcher, MSRUN, f"--worker_num={WORKERS}", f"--local_worker_num={WORKERS}",
-            f"--master_port={free_port()}", f"--log_dir={job.logs}", "--join=True", str(SCRIPT),
-            str(job.root), str(job.out), form]
+            f"--master_port={free_port()}", f"--log_dir={job.logs}", "--join=True", *program]
 
 
 def start(workdir: Path, form: str, env: dict[str, str], root: Path | None = None,
-          launcher: tuple[str, ...] = ()) -> Job:
-    """An msrun job in its own session (the test can end what is left of it), not waited for."""
+          launcher: tuple[str, ...] = (), program: tuple[str, ...] = ()) -> Job:
+    """An msrun job in its own session (the test can end what is left of it), not waited for: SCRIPT in
+    ``form``, or ``program`` (a script and its arguments, which leaves its processes' ids in ``workdir/out``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     job = Job(root or workdir / "ckpt", workdir / "out", workdir / "logs")
+    program = program or (str(SCRIPT), str(job.root), str(job.out), form)
     with open(workdir / "msrun.out", "w") as output:  # a file: processes msrun orphans may hold it open
-        job.process = subprocess.Popen(msrun_command(job, form, launcher), env=env, cwd=workdir,
+        job.process = subprocess.Popen(msrun_command(job, program, launcher), env=env, cwd=workdir,
                                        stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
     return job
 

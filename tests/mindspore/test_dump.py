@@ -107,6 +107,35 @@ def test_training_that_raises_writes_the_last_completed_step(no_tft: Any, tiny: 
         np.testing.assert_array_equal(ours[name].asnumpy(), theirs[name].asnumpy())
 
 
+def test_a_parameter_is_dumped_with_its_value_not_the_checkpoint_callback_s_entry_of_its_name(
+        no_tft: Any, tiny: Any, tmp_path: Path) -> None:
+    """MindFormers' CheckpointMonitor keeps ``global_step`` (the optimizer's count) and ``loss_scale`` in its
+    append_info, 0 and 1 until its own save sets them: the dump wrote those over the count and the scale, and a
+    resumed run restarted its optimizer's bias correction and its loss scale (an integer one, at that)."""
+    from mindspore import load_checkpoint, nn, ops
+    from mindspore.train import CheckpointConfig, Model, ModelCheckpoint
+
+    from ft_plugins.mindspore import FaultTolerance
+
+    class LossScaled(nn.TrainOneStepWithLossScaleCell):
+        def get_overflow_status(self, status, grads):  # its own reads Ascend's float-status registers
+            return ops.logical_not(ops.stack([ops.isfinite(grad).all() for grad in grads]).all())
+
+    stale = CheckpointConfig(save_checkpoint_steps=100, append_info=["epoch_num", "step_num",
+                                                                     {"global_step": 0, "loss_scale": 1}])
+    plain = tiny.model()  # a loss-scaled step cell of its network and optimizer, as MindFormers' wrapper is one
+    scaling = nn.DynamicLossScaleUpdateCell(2.0 ** 10, 2, scale_window=2)
+    scaled = Model(LossScaled(nn.WithLossCell(plain._network, nn.MSELoss()), plain._optimizer,  # noqa: SLF001
+                              scale_sense=scaling))
+    with pytest.raises(RuntimeError, match="step 6 failed"):
+        scaled.train(2, tiny.dataset(), callbacks=[FaultTolerance(features="ttp"), Raise(6).callback,
+                                                   ModelCheckpoint("tiny", str(tmp_path), stale)])
+    dumped = load_checkpoint(str(tmp_path / "tiny-2_2.ckpt"))
+    assert [int(dumped[name].asnumpy()) for name in ("global_step", "epoch_num", "step_num")] == [6, 2, 6]
+    assert dumped["loss_scale"].dtype == dumped["scale_sense"].dtype  # float32, as the step returned it
+    assert float(dumped["loss_scale"].asnumpy()) == float(dumped["scale_sense"].asnumpy()) == 2.0 ** 13
+
+
 def test_a_dump_cut_short_in_a_launch_before_does_not_keep_this_one_from_writing(no_tft: Any, tiny: Any,
                                                                                    tmp_path: Path) -> None:
     """A dump SIGKILLed mid-write (msrun's kill) leaves its claim and staging folder; the next launch clears

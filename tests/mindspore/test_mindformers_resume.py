@@ -22,79 +22,15 @@ from pathlib import Path
 
 import pytest
 
+from mindformers_runs import ENTRY, losses, task_yaml
 from support import FAKES, REPO, path_first
 
-ENTRY = Path(__file__).resolve().parent / "fixtures" / "run_mindformer.py"
 HOOK = REPO / "ft_plugins" / "mindspore" / "ft-plugins-mindformers.pth"
 STEPS_PER_EPOCH = 4
 
 FAULT_TOLERANCE = """
   - type: FaultTolerance
     features: resume"""
-
-YAML = """
-seed: 0
-output_dir: './output'
-load_checkpoint: '{load_checkpoint}'
-resume_training: {resume}
-run_mode: 'train'
-use_parallel: False
-trainer: {{type: CausalLanguageModelingTrainer, model_name: 'llama'}}
-runner_config: {{epochs: {epochs}, batch_size: 2, sink_mode: False, sink_size: 1, gradient_accumulation_steps: 1}}
-optimizer: {{type: AdamW, betas: [0.9, 0.95], eps: 1.e-8, learning_rate: 1.e-3}}
-lr_schedule: {{type: ConstantWarmUpLR, learning_rate: 1.e-3, warmup_steps: 0, total_steps: -1}}  # runs of any length agree
-train_dataset: &train_dataset
-  data_loader: {{type: MindDataset, dataset_dir: '{data}', shuffle: False}}
-  input_columns: ["input_ids"]
-  num_parallel_workers: 1
-  python_multiprocessing: False
-  drop_remainder: True
-  batch_size: 2
-  repeat: 1
-  numa_enable: False
-  prefetch_size: 1
-train_dataset_task: {{type: CausalLanguageModelDataset, dataset_config: *train_dataset}}
-parallel_config: {{data_parallel: 1, model_parallel: 1, pipeline_stage: 1, micro_batch_num: 1, vocab_emb_dp: True}}
-micro_batch_interleave_num: 1
-callbacks:
-  - type: MFLossMonitor{fault_tolerance}
-  - type: CheckpointMonitor
-    prefix: tiny
-    save_checkpoint_steps: 2
-    keep_checkpoint_max: 20
-    integrated_save: False
-    async_save: False
-context: {{mode: 1, device_target: CPU, max_call_depth: 10000, save_graphs: False}}
-model:
-  model_config:
-    type: LlamaConfig
-    batch_size: 2
-    seq_length: 16
-    hidden_size: 32
-    num_layers: 1
-    num_heads: 2
-    vocab_size: 128
-    multiple_of: 16
-    rms_norm_eps: 1.0e-5
-    bos_token_id: 1
-    eos_token_id: 2
-    pad_token_id: 0
-    ignore_token_id: -100
-    compute_dtype: float32
-    layernorm_compute_type: float32
-    softmax_compute_type: float32
-    rotary_dtype: float32
-    param_init_type: float32
-    use_past: False
-    use_flash_attention: False
-    fused_rms_norm: False
-    use_rope_slice: True
-    checkpoint_name_or_path: ''
-  arch: {{type: LlamaForCausalLM}}
-runner_wrapper: {{type: MFTrainOneStepCell, scale_sense: 1.0, use_clip_grad: True}}
-"""
-
-LOSS_LINE = re.compile(r"Epoch:\[\s*(\d+)/\s*\d+\], step:\[\s*(\d+)/\s*\d+\], loss:\[([0-9.]+)/")
 
 
 @dataclass
@@ -107,7 +43,7 @@ class Run:
     @property
     def losses(self) -> dict[int, str]:
         """Loss printed by MFLossMonitor at each global step (as printed: compared exactly)."""
-        return {(int(e) - 1) * STEPS_PER_EPOCH + int(s): loss for e, s, loss in LOSS_LINE.findall(self.output)}
+        return losses(self.output, STEPS_PER_EPOCH)
 
     @property
     def checkpoints(self) -> Path:
@@ -119,8 +55,7 @@ def _launch(directory: Path, data: Path, epochs: int, resume: bool, ft_plugins: 
     holding the installed .pth), as after ``pip install``, with no import in the script."""
     directory.mkdir(parents=True, exist_ok=True)
     config = directory / "task.yaml"
-    config.write_text(YAML.format(load_checkpoint="./output/checkpoint" if resume else "", resume=resume,
-                                  epochs=epochs, data=data, fault_tolerance=FAULT_TOLERANCE if ft_plugins else ""))
+    config.write_text(task_yaml(data, epochs, resume, FAULT_TOLERANCE if ft_plugins else ""))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "FT_FAKE", "MS_ENABLE_TFT"))}
     env["PYTHONPATH"] = path_first(FAKES)  # and the newer releases a child pytest puts on the path
     site = ""
