@@ -7,9 +7,11 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -123,6 +125,30 @@ def wait_for_step(job: Job, rank: int, step: int, timeout: float = 120) -> None:
             return
         time.sleep(0.02)
     raise AssertionError(f"rank {rank} never ended step {step}: {job.steps(rank)[-3:]}")
+
+
+class Control:
+    """A hang with the framework alone, looked at ``held`` seconds after ``reached(job)`` (which waits for the stuck
+    rank's last step and returns its wall time), then ended from outside with all its processes (msrun's workers
+    run in sessions of their own): which workers were alive, each rank's steps (``steps(job, rank)``), and every
+    line ft_plugins logged."""
+
+    def __init__(self, job: Job, reached: Callable[[Job], float], steps: Callable[[Job, int], list[int]],
+                 held: float) -> None:
+        self.job, self.alive, self.steps, self.lines = job, {}, [], []
+        self.thread = threading.Thread(target=self._look, args=(reached, steps, held), daemon=True)
+        self.thread.start()
+
+    def _look(self, reached: Callable[[Job], float], steps: Callable[[Job, int], list[int]], held: float) -> None:
+        try:
+            time.sleep(max(0.0, reached(self.job) + held - time.time()))
+            self.alive = {pid: alive(pid) for pid, role in processes(self.job).items() if role == "MS_WORKER"}
+            self.steps = [steps(self.job, rank) for rank in range(WORKERS)]
+            self.lines = [line for rank in range(WORKERS) for line in self.job.log(rank).splitlines()
+                          if "ft_plugins" in line]
+        finally:
+            kill_tree(self.job.process.pid)
+            self.job.process.wait()
 
 
 def assert_same_parameters(left: dict[str, np.ndarray], right: dict[str, np.ndarray]) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import threading
 import time
 from pathlib import Path
 
@@ -20,8 +19,8 @@ import pytest
 
 import msrun_jobs
 from mindformers_runs import ENTRY, losses, task_yaml
-from msrun_jobs import WORKERS, Job, alive, assert_same_parameters, job_env, processes
-from support import PYTHON, kill_tree
+from msrun_jobs import WORKERS, Control, Job, assert_same_parameters, job_env
+from support import PYTHON
 
 STEPS_PER_EPOCH, EPOCHS = 4, 3  # 16 samples, 2 a batch, 2 workers
 STUCK_AFTER = 7  # a step after the save of step 6
@@ -66,28 +65,16 @@ def reference(tmp_path_factory: pytest.TempPathFactory, data: Path) -> Job:
     return job
 
 
-class Control:
-    """The hang with MindFormers alone, looked at ``HELD`` seconds after its rank 1 logged step 7, then ended from
-    outside with all its processes."""
+def _reached_the_hang(job: Job) -> float:
+    """Once rank 1 logged step 7: its time."""
+    deadline = time.monotonic() + 240
+    while STUCK_AFTER not in _losses(job, 1) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return time.time()
 
-    def __init__(self, job: Job) -> None:
-        self.job, self.alive, self.steps, self.lines = job, {}, [], []
-        self.thread = threading.Thread(target=self._look, daemon=True)
-        self.thread.start()
 
-    def _look(self) -> None:
-        try:
-            deadline = time.monotonic() + 240
-            while STUCK_AFTER not in _losses(self.job, 1) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            time.sleep(HELD)
-            self.alive = {pid: alive(pid) for pid, role in processes(self.job).items() if role == "MS_WORKER"}
-            self.steps = [sorted(_losses(self.job, rank)) for rank in range(WORKERS)]
-            self.lines = [line for rank in range(WORKERS) for line in self.job.log(rank).splitlines()
-                          if "ft_plugins" in line]
-        finally:
-            kill_tree(self.job.process.pid)
-            self.job.process.wait()
+def _steps(job: Job, rank: int) -> list[int]:
+    return sorted(_losses(job, rank))
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +82,8 @@ def hung(tmp_path_factory: pytest.TempPathFactory, data: Path) -> tuple[Job, Con
     """Rank 1 stuck for good once step 7 ended, under ``ft-plugins run -- msrun``; beside it the same hang with
     MindFormers alone."""
     stuck = f"1,{STUCK_AFTER}"
-    control = Control(_start(tmp_path_factory.mktemp("hang_alone"), data, FT_TEST_STUCK=stuck))
+    control = Control(_start(tmp_path_factory.mktemp("hang_alone"), data, FT_TEST_STUCK=stuck), _reached_the_hang,
+                      _steps, HELD)
     job = msrun_jobs.wait(_start(tmp_path_factory.mktemp("hung"), data, launcher=FT_RUN, FT_TEST_STUCK=stuck,
                                  FT_PLUGINS="ttp,resume,hangs", **HANG_BOUNDS), faulted=True)
     control.thread.join(300)

@@ -23,15 +23,14 @@ import os
 import shutil
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 import msrun_jobs
-from msrun_jobs import STEPS, WORKERS, Job, alive, assert_same_parameters, job_env, processes
-from support import PYTHON, assert_agrees, kill_tree
+from msrun_jobs import STEPS, WORKERS, Control, Job, alive, assert_same_parameters, job_env, processes
+from support import PYTHON, assert_agrees
 
 KILLED_AFTER = 14  # two steps after the save of step 12
 # the relaunch starts at step 15 and saves at 18 and 22: SIGTERM once step 19 ended, each step after 18 taking
@@ -93,26 +92,9 @@ def dumped(tmp_path_factory: pytest.TempPathFactory) -> Job:
     return job
 
 
-class Control:
-    """The hang with MindSpore alone, looked at ``HELD`` seconds after its rank 1 recorded step 14, then ended
-    from outside with all its processes (msrun's workers run in sessions of their own)."""
-
-    def __init__(self, job: Job) -> None:
-        self.job, self.alive, self.steps, self.lines = job, {}, [], []
-        self.thread = threading.Thread(target=self._look, daemon=True)
-        self.thread.start()
-
-    def _look(self) -> None:
-        try:
-            msrun_jobs.wait_for_step(self.job, 1, KILLED_AFTER)
-            time.sleep(max(0.0, os.stat(self.job.out / "steps_1.jsonl").st_mtime + HELD - time.time()))
-            self.alive = {pid: alive(pid) for pid, role in processes(self.job).items() if role == "MS_WORKER"}
-            self.steps = [self.job.steps(rank) for rank in range(WORKERS)]
-            self.lines = [line for rank in range(WORKERS) for line in self.job.log(rank).splitlines()
-                          if "ft_plugins" in line]
-        finally:
-            kill_tree(self.job.process.pid)
-            self.job.process.wait()
+def _reached_the_hang(job: Job) -> float:
+    msrun_jobs.wait_for_step(job, 1, KILLED_AFTER)
+    return os.stat(job.out / "steps_1.jsonl").st_mtime
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +102,8 @@ def hung(tmp_path_factory: pytest.TempPathFactory) -> tuple[Job, Control]:
     """Rank 1 stuck for good right after step 14 under ``ft-plugins run -- msrun`` with ``ttp,resume,hangs``;
     beside it, at the same time, the same hang with MindSpore alone (the negative control)."""
     stuck = f"1,{KILLED_AFTER}"
-    control = Control(msrun_jobs.start(tmp_path_factory.mktemp("hang_alone"), "plain", job_env(FT_TEST_STUCK=stuck)))
+    control = Control(msrun_jobs.start(tmp_path_factory.mktemp("hang_alone"), "plain", job_env(FT_TEST_STUCK=stuck)),
+                      _reached_the_hang, Job.steps, HELD)
     env = job_env(FT_PLUGINS="ttp,resume,hangs", FT_TEST_STUCK=stuck, **HANG_BOUNDS)
     job = msrun_jobs.wait(msrun_jobs.start(tmp_path_factory.mktemp("hung"), "recipe", env, launcher=FT_RUN),
                           faulted=True)
