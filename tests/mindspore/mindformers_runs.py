@@ -9,7 +9,8 @@ from pathlib import Path
 
 ENTRY = Path(__file__).resolve().parent / "fixtures" / "run_mindformer.py"
 LOSS_LINE = re.compile(r"Epoch:\[\s*(\d+)/\s*\d+\], step:\[\s*(\d+)/\s*\d+\], loss:\[([0-9.]+)/")
-DATA_PARALLEL = "\nparallel: {parallel_mode: 0, gradients_mean: True, enable_parallel_optimizer: False, full_batch: False}"
+DATA_PARALLEL = ("\nparallel: {parallel_mode: 0, gradients_mean: True, enable_parallel_optimizer: False, "
+                 "full_batch: False}")
 
 YAML = """
 seed: 0

@@ -151,6 +151,15 @@ class Control:
             self.job.process.wait()
 
 
+def hang_found(job: Job, rank: int) -> tuple[str, str]:
+    """The one line in which msrun's watch (under ``ft-plugins run``, said at start) names ``rank`` hung, and what
+    follows it: its stacks first."""
+    assert "hangs watched by msrun: a step max(" in job.stdout, job.stdout[-3000:]
+    found = [line for line in job.stdout.splitlines() if f"hangs: rank {rank} (pid" in line]
+    assert len(found) == 1, job.stdout[-4000:]
+    return found[0], job.stdout.split(found[0], 1)[1]
+
+
 def assert_same_parameters(left: dict[str, np.ndarray], right: dict[str, np.ndarray]) -> None:
     """Every parameter (weights, momentum, global step, learning rate) equal bit for bit."""
     assert sorted(left) == sorted(right)

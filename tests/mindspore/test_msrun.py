@@ -183,13 +183,12 @@ def test_the_dump_and_the_regular_saves_record_their_writes_for_the_grace(dumped
 def test_a_hung_rank_is_found_by_msrun_s_watchdog_named_with_its_stacks_and_ended(hung: tuple[Job, Control]) -> None:
     job = hung[0]
     assert "hangs watched by msrun: a step max(3 s, 5 x the slowest step)" in job.stdout, job.stdout[-3000:]
-    found = [line for line in job.stdout.splitlines() if "hangs: rank 1 (pid" in line]
-    assert len(found) == 1 and f"in between steps of step {KILLED_AFTER} (bound 3.0 s)" in found[0], job.stdout[-4000:]
-    stacks = job.stdout.split(found[0], 1)[1]
+    found, stacks = msrun_jobs.hang_found(job, 1)
+    assert f"in between steps of step {KILLED_AFTER} (bound 3.0 s)" in found, found
     assert "msrun_train.py\", line" in stacks and "in on_train_step_end" in stacks  # where it stands
     assert "hangs: rank 0 waits for it in a collective" in job.stdout
     # then msrun meets its death as any other: SIGKILLed (it ignored SIGTERM), msrun stops the job
-    pid = int(found[0].split("(pid ", 1)[1].split(")", 1)[0])
+    pid = int(found.split("(pid ", 1)[1].split(")", 1)[0])
     assert f"Worker process {pid} exit with exception. Error code: -9." in job.stdout
     assert [job.steps(rank)[-1] for rank in range(WORKERS)] == [KILLED_AFTER, KILLED_AFTER]
 
