@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         if supervised is not None:
             return process.supervise(command, plan.env, supervised)
         return process.exec_command(command, plan.env)
-    manager_env = {**plan.env, "PYTHONPATH": environment.without_bootstrap(plan.env["PYTHONPATH"])}
+    manager_env = environment.helper_env(plan.env)
     return process.run_beside(command, plan.env, manager, manager_env, supervised)
 
 

@@ -5,6 +5,7 @@ variables (``LD_PRELOAD`` included); ``doctor`` and ``k8s`` check a node and edi
 """
 
 import os
+from typing import Mapping
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
 
@@ -12,3 +13,8 @@ BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootst
 def without_bootstrap(value: str) -> str:
     """A ``PYTHONPATH`` without the bootstrap: for helper processes, which must not act as a worker."""
     return os.pathsep.join(p for p in value.split(os.pathsep) if p and os.path.abspath(p) != BOOTSTRAP_DIR)
+
+
+def helper_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` for a helper process (a check, a probe, the manager): its ``PYTHONPATH`` without the bootstrap."""
+    return dict(env, PYTHONPATH=without_bootstrap(env.get("PYTHONPATH", "")))

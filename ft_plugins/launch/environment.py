@@ -17,7 +17,7 @@ from ft_plugins import config
 from ft_plugins.faults import parse_faults
 from ft_plugins.features import declared_options
 from ft_plugins.features.hangs import Bounds
-from ft_plugins.launch import BOOTSTRAP_DIR, without_bootstrap
+from ft_plugins.launch import BOOTSTRAP_DIR, helper_env, without_bootstrap
 from ft_plugins.vendors import cann, taskd
 
 PRELOAD_VAR = "LD_PRELOAD"
@@ -118,7 +118,7 @@ def probe_interpreter(python: str, env: Mapping[str, str], modules: Sequence[str
     """(its ``sys.executable``, the ``modules`` it cannot find), asked in a child without the bootstrap."""
     code = ("import importlib.util, sys; print(sys.executable); "
             f"print(','.join(m for m in {tuple(modules)!r} if importlib.util.find_spec(m) is None))")
-    clean = dict(env, PYTHONPATH=without_bootstrap(env.get("PYTHONPATH", "")))
+    clean = helper_env(env)
     # from /: `-c` puts the working directory on sys.path, a worker's `python SCRIPT` does not
     result = subprocess.run([python, "-c", code], env=clean, cwd=os.sep, capture_output=True, text=True, timeout=60)
     lines = result.stdout.splitlines() + ["", ""]
