@@ -111,14 +111,14 @@ def choose(config: Any, feature: Resume) -> None:
         root = load
         named = os.path.join(load, f"rank_{rank}", config.resume_training) \
             if isinstance(config.resume_training, str) else None
+        from_meta = named is not None and _meta_names(named)  # its folder's pick: meta.json's, or the user's name
     elif os.path.isfile(load):
-        root, named = save_root(os.path.dirname(load)), load
+        root, named, from_meta = save_root(os.path.dirname(load)), load, False
     else:
         return  # MindFormers reports a missing path itself
     from ft_plugins.mindspore.recording import begin
 
     begin(root)  # before the choice, which the record holds
-    from_meta = named is not None and _meta_names(named)
     if named is not None and os.path.isfile(named) and not from_meta:
         verdict = verify(named, deep=feature.settings["deep"])
         if verdict.intact:

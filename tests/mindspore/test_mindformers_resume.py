@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from mindformers_runs import ENTRY, losses, task_yaml
+from mindformers_runs import ENTRY, losses, task_yaml, tokens
 from support import FAKES, REPO, path_first
 
 HOOK = REPO / "ft_plugins" / "mindspore" / "ft-plugins-mindformers.pth"
@@ -93,11 +93,7 @@ def _crashed_copy(reference: Run, directory: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("tokens")
-    path = directory / "tokens.mindrecord"
-    subprocess.run([sys.executable, str(ENTRY), "--data", str(path), "8", "16", "128"], cwd=directory, check=True,
-                   capture_output=True, timeout=300)
-    return path
+    return tokens(tmp_path_factory.mktemp("tokens"), 8)
 
 
 @pytest.fixture(scope="module")
@@ -253,6 +249,23 @@ def test_guard_replaces_only_a_broken_pick(crashed: Path, load: str, pick: str, 
     else:
         assert (_loaded(config), config.resume_training) == (str(rank_dir / expected), True)
         assert config.load_checkpoint == _loaded(config)  # both kept in step where both are
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("load, expected", [("folder", "tiny_rank_0-2_2.ckpt"), ("file", "tiny_rank_0-1_4.ckpt")])
+def test_meta_json_s_pick_yields_to_a_newer_intact_save_a_file_given_as_the_load_path_does_not(
+        crashed: Path, tmp_path: Path, load: str, expected: str, layout: str) -> None:
+    """MindFormers' meta.json names its last regular save (here step 4), never ttp's dump of a later step: with
+    the folder to load from, its pick yields to the newest intact save (step 6); the same file given as the load
+    path is the user's and is kept."""
+    from ft_plugins.mindspore.mindformers import choose
+
+    root = shutil.copytree(crashed, tmp_path / "checkpoint")
+    pick = "tiny_rank_0-1_4.ckpt"
+    (root / "rank_0" / "meta.json").write_text(json.dumps({"last_epoch": 1, "last_step": 4, "last_ckpt_file": pick}))
+    config = _config(root, pick, layout) if load == "folder" else _config(root / "rank_0" / pick, layout=layout)
+    choose(config, _resume())
+    assert (_loaded(config), config.resume_training) == (str(root / "rank_0" / expected), True)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
