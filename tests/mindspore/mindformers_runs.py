@@ -5,6 +5,8 @@ steps; on one process, or data parallel over msrun's workers."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 ENTRY = Path(__file__).resolve().parent / "fixtures" / "run_mindformer.py"
@@ -86,3 +88,11 @@ def task_yaml(data: Path, epochs: int, resume: bool = False, fault_tolerance: st
 def losses(output: str, steps_per_epoch: int) -> dict[int, str]:
     """Loss printed by MFLossMonitor at each global step (as printed: compared exactly)."""
     return {(int(e) - 1) * steps_per_epoch + int(s): loss for e, s, loss in LOSS_LINE.findall(output)}
+
+
+def tokens(directory: Path, samples: int) -> Path:
+    """A MindRecord of ``samples`` rows of synthetic tokens for the task (seq 16, vocab 128), in ``directory``."""
+    path = directory / "tokens.mindrecord"
+    subprocess.run([sys.executable, str(ENTRY), "--data", str(path), str(samples), "16", "128"], cwd=directory,
+                   check=True, capture_output=True, timeout=300)
+    return path
