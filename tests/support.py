@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -194,15 +195,34 @@ def kill_tree(pid: int) -> None:
             pass
 
 
+def abort_descendants(pid: int) -> None:
+    """SIGABRT every descendant of ``pid``: those started with ``PYTHONFAULTHANDLER=1`` (as :func:`run_to_end`
+    starts them) write every thread's Python stack to their stderr first, which says where a hung job stood."""
+    import psutil
+
+    try:
+        family = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return
+    for process in family:
+        try:
+            process.send_signal(signal.SIGABRT)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(family, timeout=5)
+
+
 def finish(process: subprocess.Popen, timeout: int) -> tuple[str, str]:
-    """``process``'s (stdout, stderr) once it ended; still running after ``timeout`` seconds, it is killed with
-    all its descendants and the test fails with the tail of its output."""
+    """``process``'s (stdout, stderr) once it ended; still running after ``timeout`` seconds, its descendants are
+    made to write their stacks (:func:`abort_descendants`), it is killed with all of them, and the test fails with
+    the tail of its output, those stacks last."""
     try:
         return process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        abort_descendants(process.pid)
         kill_tree(process.pid)
         out, err = process.communicate()
-        raise AssertionError(f"still running after {timeout} s:\n{(out or '')[-4000:]}\n{(err or '')[-3000:]}") \
+        raise AssertionError(f"still running after {timeout} s:\n{(out or '')[-4000:]}\n{(err or '')[-6000:]}") \
             from None
 
 
@@ -210,7 +230,8 @@ def run_to_end(command: list[str], cwd: Path, env: dict[str, str], timeout: int)
     """``subprocess.run`` with captured text output, except that a job still running after ``timeout`` seconds is
     killed with all its workers and the test fails showing where it stood (not a bare ``TimeoutExpired``). The
     whole output is kept in ``cwd/jobs.log``: a failure's message shows only its tail."""
-    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(command, cwd=cwd, env={"PYTHONFAULTHANDLER": "1", **env}, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
     out, err = finish(process, timeout)
     with open(cwd / "jobs.log", "a") as log:  # every job run here, whole, for a post-mortem
         log.write(f"$ {' '.join(command)}\n{out}\n{err}\nexit {process.returncode}\n\n")
