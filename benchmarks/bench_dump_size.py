@@ -9,8 +9,10 @@ alternating which writer goes first:
         writer in ``ft_plugins/torch/megatron/dump.py``, the commit in ``ft_plugins/checkpoint/dump.py``)
   save  ``megatron.training.checkpointing.save_checkpoint`` (``--ckpt-format torch``)
 Phases, timed inside the real calls: state (``generate_state_dict``; on a GPU the device-to-host copy is
-torch.save's, inside serialization), serialization (``torch.save`` minus its records' writes), write (the
-zip records, with their CRC32), fsync, commit (the rest: renames, part record, manifest, tracker, barriers).
+torch.save's, inside serialization), serialization (the archive's writer minus its records' writes), write (the
+zip records with their CRC-32s: ``torch.save`` computes each before writing the record, the dump's writer,
+``ft_plugins/torch/saving.py``, beside the writes, and fills them in after), fsync, commit (the rest: renames,
+part record, manifest, tracker, barriers).
 Megatron's save does not fsync: the benchmark fsyncs its files afterwards ("fsync after") and prints the
 ratio against the save alone and against save + fsync. Each writer's figures are those of its fastest round
 (the least disturbed, as timeit reports), the slowest rank's. Every file written is removed.
@@ -129,12 +131,16 @@ def worker(options: argparse.Namespace) -> None:
     optimizer.step()  # Adam's moments exist from here on, as in any save after the first step
 
     from ft_plugins.steps import FORWARD, Frozen
+    from ft_plugins.torch import saving
     from ft_plugins.torch.megatron.dump import MegatronDump, MegatronStep
 
     phases = Phases()
     phases.wrap(checkpointing, "generate_state_dict", "state")
-    phases.wrap(torch, "save", "torch.save")
+    phases.wrap(torch, "save", "archive")
+    phases.wrap(saving, "save", "archive")
     phases.wrap_zip_writer(torch.serialization)
+    for owner, name in ((saving._Recorded, "write_record"), (saving._Checksums, "results"), (saving, "fill_in_crcs")):
+        phases.wrap(owner, name, "write")
     phases.wrap(os, "fsync", "fsync")
     rng = checkpointing.get_rng_state("torch", None, None)
     parsed = get_args()
@@ -202,8 +208,8 @@ def _fastest(results: list[dict[str, Any]], name: str, after: str = "") -> dict[
     """The writer's least-disturbed round (as timeit reports) by its total (plus ``after``), split by phase;
     "commit" is what the total leaves after the timed phases."""
     spent = dict(min((result[name] for result in results), key=lambda r: r["total"] + r.get(after, 0.0)))
-    spent["serialize"] = spent.get("torch.save", 0.0) - spent.get("write", 0.0)
-    timed = spent.get("state", 0.0) + spent.get("torch.save", 0.0) + spent.get("fsync", 0.0)
+    spent["serialize"] = spent.get("archive", 0.0) - spent.get("write", 0.0)
+    timed = spent.get("state", 0.0) + spent.get("archive", 0.0) + spent.get("fsync", 0.0)
     spent["commit"] = max(0.0, spent["total"] - timed)
     return {key: spent.get(key, 0.0) for key in (*PHASES, "total", "fsync after", "bytes")}
 

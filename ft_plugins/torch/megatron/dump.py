@@ -29,6 +29,7 @@ from ft_plugins.faults import RESTART_VAR
 from ft_plugins.features.ttp import Ttp
 from ft_plugins.rank import global_rank
 from ft_plugins.steps import FORWARD, UPDATED, Frozen
+from ft_plugins.torch import saving
 from ft_plugins.torch.megatron.state import (RESUMES_TORCH_FORMAT, megatron, megatron_args, rng_state, saved_state,
                                              sharded_optimizers)
 from ft_plugins.torch.store import claim
@@ -162,8 +163,6 @@ class MegatronDump:
 
     def _write(self, reason: str, started: float, step: MegatronStep, iteration: int, rng: Any, consumed: int,
                commit: bool) -> None:
-        import torch
-
         checkpointing = megatron("training.checkpointing")
         parsed = megatron_args()
         save_dir = self.save_dir()
@@ -186,13 +185,13 @@ class MegatronDump:
                 return
             if optimizer_state is None:
                 return  # the instance's first rank writes
-            writes[OPTIMIZER_FILENAME] = lambda path: torch.save(optimizer_state, path)
+            writes[OPTIMIZER_FILENAME] = lambda path: saving.save(optimizer_state, path)
         if not claim(f"ft_plugins/ttp/{os.environ.get(RESTART_VAR, '0')}/{iteration}/{shard}"):
             log.debug("ttp: %s: another survivor writes %s of iteration %d", reason, shard, iteration)
             return
         state = saved_state(step.model, step.optimizer, step.scheduler, iteration, rng, consumed)
         state["num_floating_point_operations_so_far"] = self.flops(consumed, parsed)
-        writes[FILENAME] = lambda path: torch.save(state, path)
+        writes[FILENAME] = lambda path: saving.save(state, path)
         size = write_part(save_dir, Part(shard, iteration, shards, rank), writes)
         written = time.monotonic()
         grace.record(save_dir, grace.Measured(size, written - started, f"dump of iteration {iteration}"))

@@ -1,9 +1,10 @@
 """A slow file system and a launcher with a short fixed grace, for the dump-against-the-grace tests: put this
 folder on a job's ``PYTHONPATH``.
 
-- ``FT_FAKE_SLOW_WRITE=S``: every ``torch.save`` to a ``.pt`` file (a dump's staged ``.ft_partial-N/x.pt`` too) takes S
-  seconds more once written (a stalled file system: the file is there, its write not finished), in the job's
-  first attempt only (``TORCHELASTIC_RESTART_COUNT`` 0), so that the relaunch trains at full speed.
+- ``FT_FAKE_SLOW_WRITE=S``: every archive written to a ``.pt`` file, by ``torch.save`` or by the dump's own writer
+  (``ft_plugins.torch.saving.save``, a staged ``.ft_partial-N/x.pt``), takes S seconds more once written (a stalled
+  file system: the file is there, its write not finished), in the job's first attempt only
+  (``TORCHELASTIC_RESTART_COUNT`` 0), so that the relaunch trains at full speed.
 - ``FT_FAKE_TORCHRUN_GRACE=G``: torch's elastic agent stops its workers with G seconds instead of its fixed 30 s
   (the default timeout of ``PContext.close`` and ``LocalElasticAgent._shutdown``; explicit timeouts are kept),
   and ft_plugins knows torchrun's grace as G: the same launcher as torchrun's, with a suite-sized clock.
@@ -28,8 +29,8 @@ def _slow_save(wrapped, _instance, args, kwargs):
     return result
 
 
-def _slow_torch(torch) -> None:
-    torch.save = wrapt.FunctionWrapper(torch.save, _slow_save)
+def _slow_writer(module) -> None:
+    module.save = wrapt.FunctionWrapper(module.save, _slow_save)
 
 
 def _grace(seconds: float):
@@ -50,7 +51,8 @@ def _grace(seconds: float):
 
 
 if "FT_FAKE_SLOW_WRITE" in os.environ and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
-    wrapt.register_post_import_hook(_slow_torch, "torch")
+    for _writer in ("torch", "ft_plugins.torch.saving"):
+        wrapt.register_post_import_hook(_slow_writer, _writer)
 if "FT_FAKE_TORCHRUN_GRACE" in os.environ:
     _processes, _agent, _knows = _grace(float(os.environ["FT_FAKE_TORCHRUN_GRACE"]))
     wrapt.register_post_import_hook(_processes, "torch.distributed.elastic.multiprocessing.api")
