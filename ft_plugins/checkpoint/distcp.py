@@ -22,11 +22,10 @@ import subprocess
 import sys
 from typing import IO, Any, Callable
 
-import ft_plugins
 from ft_plugins.checkpoint.memo_guard import refuse_memo_bombs
 from ft_plugins.checkpoint.parallel import each
 from ft_plugins.checkpoint.reading import is_inside, open_regular
-from ft_plugins.launch import helper_env  # here, not at the call: an import there could wait on a lock
+from ft_plugins.launch import HELPER_CWD, helper_env  # here, not at the call: an import there could wait on a lock
 
 _METADATA_LIMIT = 256 << 20  # a .metadata describes shards: megabytes even for large models
 _FRAME = b"\x95"  # after PROTO 4 or 5: a framed pickle
@@ -123,13 +122,11 @@ def walk_stdin() -> None:
 def _walked_apart(data: bytes) -> dict[str, int] | None:
     """:func:`storage_extents` of ``data`` in a process of its own, on another core beside the check's threads;
     None when no such process ran to its answer (then the walk runs here). Raises WalkRefused."""
-    # run where this ft_plugins lies: ``-c`` puts the current directory first on the path, so no other is imported
-    root = os.path.dirname(os.path.dirname(os.path.abspath(ft_plugins.__file__)))
     try:
         # one write and one read, each a single wait without the interpreter lock (communicate() would take the
         # lock again for every 4 KB, in turn with every thread of the check)
         with subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, cwd=root, env=helper_env(os.environ)) as child:
+                              stderr=subprocess.DEVNULL, cwd=HELPER_CWD, env=helper_env(os.environ)) as child:
             with child.stdin:
                 child.stdin.write(data)
             answer = json.loads(child.stdout.read())

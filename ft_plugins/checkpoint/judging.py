@@ -19,7 +19,7 @@ import os
 import subprocess
 import sys
 
-from ft_plugins.launch import helper_env  # here, not at the call: an import there could wait on a lock
+from ft_plugins.launch import HELPER_CWD, helper_env  # here, not at the call: an import there could wait on a lock
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +37,9 @@ def judge_later(checkpoint: str, deep: bool = False) -> subprocess.Popen | None:
         with os.scandir(checkpoint) as entries:
             if sum(1 for _ in itertools.islice(entries, WORTH)) < WORTH:
                 return None
-        process = subprocess.Popen([sys.executable, "-c", _CHILD, checkpoint, *(["--deep"] if deep else [])],
-                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL, env=helper_env(os.environ))
+        process = subprocess.Popen([sys.executable, "-c", _CHILD, os.path.abspath(checkpoint),
+                                    *(["--deep"] if deep else [])], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, cwd=HELPER_CWD, env=helper_env(os.environ))
     except OSError as exc:
         log.debug("no check of %s at commit: %s", checkpoint, exc)
         return None

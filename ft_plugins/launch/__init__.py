@@ -18,3 +18,8 @@ def without_bootstrap(value: str) -> str:
 def helper_env(env: Mapping[str, str]) -> dict[str, str]:
     """``env`` for a helper process (a check, a probe, the manager): its ``PYTHONPATH`` without the bootstrap."""
     return dict(env, PYTHONPATH=without_bootstrap(env.get("PYTHONPATH", "")))
+
+
+# where a helper ``python -c`` runs: the folder holding this ft_plugins. ``-c`` puts the current directory first on
+# the path, so run where training runs a folder there named ``ft_plugins`` would be imported instead of this one.
+HELPER_CWD = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

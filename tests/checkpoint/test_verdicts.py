@@ -289,6 +289,20 @@ def test_a_large_save_is_judged_at_commit_in_a_process_of_its_own(save: Path, pr
     assert judging.judge_later(str(save / "iter_0000002")) is None and not (save / "iter_0000002").exists()
 
 
+def test_the_check_at_commit_finds_a_save_named_relative_to_training_s_directory(
+        save: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check runs where this ft_plugins lies (``python -c`` puts its current directory first on the path), not
+    where training runs: a save named relative to training's directory is still the one it checks."""
+    from ft_plugins.checkpoint import judging
+
+    newest = save / "iter_0000004"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(judging, "WORTH", 1)
+    process = judging.judge_later(os.path.relpath(newest, tmp_path))
+    assert process is not None and process.wait(timeout=120) == 0
+    assert (newest / VERDICT_FILE).is_file()
+
+
 def test_a_newest_damaged_after_its_commit_is_refused_on_its_stats(save: Path, probes: list[str],
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A file of another size than its manifest says refuses the checkpoint before any file is read: no
