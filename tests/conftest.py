@@ -38,7 +38,7 @@ LONGEST_FIRST = (
     "hf/test_transformers_5.py", "hf/test_transformers_5_first.py",
     "checkpoint/test_megatron.py",
     "mindspore/test_msrun.py", "mindspore/test_mindspore_newer.py", "mindspore/test_mindformers_releases.py",
-    "mindspore/test_mindformers_hang.py",
+    "mindspore/test_mindformers_hang.py", "mindspore/test_msrun_nodes.py",
     "launch/test_real_taskd.py",
     "torch_megatron/test_replica_option.py",
     "torch_plugin/test_replicated_zero.py", "patch/test_patched_runs.py", "hf/test_accelerate_runs.py",

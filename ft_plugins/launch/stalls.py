@@ -130,7 +130,13 @@ def judge(stopped: Sequence[int], moving: Sequence[int], waiting: Mapping[int, b
         return Verdict(WAIT, victims=victims, why="they wait for a rank still within its bound (a long save?)")
     if not culprits and remote and patient:
         return Verdict(WAIT, victims=victims, why="every local rank waits in a collective: for a rank elsewhere")
-    why = ("every rank waits in a collective and none is missing from it here" if not culprits else
-           "no rank waits for another: they all stopped outside collectives (a file system or store not answering?)")
+    if remote:  # the ranks of other nodes are not seen from here: say only what is
+        why = ("every rank of this node waits in a collective, past twice its bound" if not culprits else
+               "every rank of this node stopped outside collectives (ranks on other nodes are not seen from here: "
+               "this node's hang, or a file system or store not answering?)")
+    else:
+        why = ("every rank waits in a collective and none is missing from it here" if not culprits else
+               "no rank waits for another: they all stopped outside collectives (a file system or store not "
+               "answering?)")
     return Verdict(ALL, victims=victims, why=why)
 

@@ -100,7 +100,7 @@ class Watchdog:
             self.answered = furthest
             self._end(verdict, stacks, procs, now)
         elif verdict.kind == ALL:
-            self._all_stalled(verdict, stopped, stacks, now)
+            self._all_stalled(verdict, stopped, stacks, now, remote)
         else:
             self._calm_until = now + WAIT_AGAIN
             if verdict.why != self._said:
@@ -154,12 +154,12 @@ class Watchdog:
         for watch in self.watches.values():
             watch.moved = max(watch.moved, restart)  # their peer's death reaches them now: a full bound again
 
-    def _all_stalled(self, verdict: Verdict, stopped: list[int], stacks: Mapping[int, str], now: float) -> None:
+    def _all_stalled(self, verdict: Verdict, stopped: list[int], stacks: Mapping[int, str], now: float,
+                     remote: bool) -> None:
         where = sorted({self.watches[rank].where() for rank in stopped})
-        log.error("hangs: every rank stalled (%d ranks quiet %.1f s or more, in %s): %s; the job dumps and "
-                  "restarts as a whole, no rank is replaced", len(stopped), min(self.watches[r].quiet(now)
-                                                                                 for r in stopped),
-                  "; ".join(where), verdict.why)
+        log.error("hangs: every rank%s stalled (%d ranks quiet %.1f s or more, in %s): %s; the job dumps and "
+                  "restarts as a whole, no rank is replaced", " of this node" if remote else "", len(stopped),
+                  min(self.watches[r].quiet(now) for r in stopped), "; ".join(where), verdict.why)
         for rank in stopped:
             log.info("hangs: stacks of rank %d:\n%s", rank, stacks.get(rank, "").rstrip() or "(none written)")
         self.watches.clear()

@@ -115,6 +115,16 @@ def test_ranks_waiting_for_a_peer_within_its_bound_or_on_another_node_are_left_w
     assert judge([0, 1], [], {0: True, 1: True}, repeated=False, remote=True, patient=False).kind == ALL
 
 
+def test_a_node_that_sees_only_its_own_ranks_says_so() -> None:
+    """With ranks on other nodes, a node whose every rank stopped outside collectives cannot tell its own hang
+    from a file system not answering: it does not claim to know about the others."""
+    stopped = judge([1], [], {1: False}, repeated=False, remote=True)
+    assert stopped.kind == ALL and "every rank of this node stopped outside collectives" in stopped.why
+    assert "not seen from here" in stopped.why and "no rank waits for another" not in stopped.why
+    waiting = judge([0], [], {0: True}, repeated=False, remote=True, patient=False)
+    assert waiting.kind == ALL and "none is missing from it here" not in waiting.why
+
+
 STACKS = """Thread 0x00007f0000000002 (most recent call first):
   File "/venv/lib/python3.11/site-packages/ft_plugins/triggers.py", line 85 in watch
   File "/usr/lib/python3.11/threading.py", line 982 in run

@@ -34,6 +34,7 @@ class Job:
     returncode: int | None = None
     stdout: str = ""
     signalled: float | None = None  # the wall time the test sent the launcher SIGTERM at
+    output: str = "msrun.out"  # the launcher's output, beside ``out``
 
     def steps(self, rank: int) -> list[int]:
         return [record["step"] for record in self._records(rank)]
@@ -73,20 +74,28 @@ def job_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def msrun_command(job: Job, program: tuple[str, ...], launcher: tuple[str, ...] = ()) -> list[str]:
-    return [*launcher, MSRUN, f"--worker_num={WORKERS}", f"--local_worker_num={WORKERS}",
-            f"--master_port={free_port()}", f"--log_dir={job.logs}", "--join=True", *program]
+def msrun_command(job: Job, program: tuple[str, ...], launcher: tuple[str, ...] = (),
+                  node: tuple[int, int] | None = None) -> list[str]:
+    """msrun of every worker on this node, or (``node``: its rank and the master's port) of one worker per node."""
+    if node is None:
+        placement = [f"--local_worker_num={WORKERS}", f"--master_port={free_port()}"]
+    else:
+        placement = ["--local_worker_num=1", f"--node_rank={node[0]}", "--master_addr=127.0.0.1",
+                     f"--master_port={node[1]}"]
+    return [*launcher, MSRUN, f"--worker_num={WORKERS}", *placement, f"--log_dir={job.logs}", "--join=True", *program]
 
 
 def start(workdir: Path, form: str, env: dict[str, str], root: Path | None = None,
-          launcher: tuple[str, ...] = (), program: tuple[str, ...] = ()) -> Job:
+          launcher: tuple[str, ...] = (), program: tuple[str, ...] = (), node: tuple[int, int] | None = None) -> Job:
     """An msrun job in its own session (the test can end what is left of it), not waited for: SCRIPT in
-    ``form``, or ``program`` (a script and its arguments, which leaves its processes' ids in ``workdir/out``)."""
+    ``form``, or ``program`` (a script and its arguments, which leaves its processes' ids in ``workdir/out``);
+    ``node``: this msrun is one node of the job (:func:`msrun_command`), its log and output named after it."""
     workdir.mkdir(parents=True, exist_ok=True)
-    job = Job(root or workdir / "ckpt", workdir / "out", workdir / "logs")
+    suffix = "" if node is None else str(node[0])
+    job = Job(root or workdir / "ckpt", workdir / "out", workdir / f"logs{suffix}", output=f"msrun{suffix}.out")
     program = program or (str(SCRIPT), str(job.root), str(job.out), form)
-    with open(workdir / "msrun.out", "w") as output:  # a file: processes msrun orphans may hold it open
-        job.process = subprocess.Popen(msrun_command(job, program, launcher), env=env, cwd=workdir,
+    with open(workdir / job.output, "w") as output:  # a file: processes msrun orphans may hold it open
+        job.process = subprocess.Popen(msrun_command(job, program, launcher, node), env=env, cwd=workdir,
                                        stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
     return job
 
@@ -110,7 +119,7 @@ def wait(job: Job, timeout: float = 240, faulted: bool = False) -> Job:
 
 
 def _output(job: Job) -> str:
-    return (job.out.parent / "msrun.out").read_text(errors="replace")
+    return (job.out.parent / job.output).read_text(errors="replace")
 
 
 def run(workdir: Path, form: str, env: dict[str, str], root: Path | None = None, faulted: bool = False) -> Job:
