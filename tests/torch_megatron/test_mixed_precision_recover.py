@@ -20,7 +20,8 @@ import re
 import pytest
 
 from support import saved_tensors
-from ttp_runs import DP4, ITERS, Job, Launch, run_supervised, run_with_mindio, same_as_reference
+from ttp_runs import (DP4, ITERS, Job, Launch, assert_no_step_logged_twice, run_supervised, run_with_mindio,
+                      same_as_reference)
 
 LOST = 3  # the rank dies as the step after 3 of 6 completed steps begins
 BF16 = Launch(DP4.nproc, (*DP4.args, "--bf16"))
@@ -80,7 +81,8 @@ def test_fp16_rank_1_repaired_by_mindios_handlers_the_final_save_is_the_uninterr
     assert sorted(c["args"][0] for c in calls if c["api"] == "fake_controller_repair") == [0, 1], "rank 0 to rank 1"
     assert not [c for c in calls if c["api"].startswith("fake_processor_")], "no handler refused"
     assert job.lines(f"every rank stands at step {LOST}, training continues at step {LOST + 1}")
-    trained_once(job)
+    assert_no_step_logged_twice(job)
+    assert not job.lines("loading checkpoint") and not job.lines("dumped")
     assert same_as_reference(job, fp16_reference, ITERS) == []
     holds_fp32_main_parameters(fp16_reference, "torch.float16")
     scale = saved_tensors(fp16_reference.iteration(ITERS) / MODEL_FILE)["/optimizer/grad_scaler/scale"]

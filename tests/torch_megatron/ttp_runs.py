@@ -35,6 +35,15 @@ class Job:
         return [line for line in self.output.splitlines() if needle in line]
 
 
+def assert_no_step_logged_twice(job: Job) -> None:
+    """After a repair by MindIO's handlers: no iteration logged twice, the last one logged. MindIO's stop reaches
+    every survivor wherever it stands, the last rank too between a step's end and its log line, which is then never
+    printed though the step was trained (the rollback says every rank stands at it). A step skipped shows in the
+    final save, which each such test compares bit for bit with the uninterrupted run's."""
+    logged = [len(job.lines(f"iteration        {i}/       {ITERS}")) for i in range(1, ITERS + 1)]
+    assert max(logged) == 1 and logged[-1] == 1, logged
+
+
 def run_job(workdir: Path, *args: str, launcher: tuple[str, ...] = (), entry: Path = MEGATRON_EXAMPLE,
             save: Path | None = None, timeout: int = 300, nproc: int = 2,
             length: tuple[str, ...] = ("--train-iters", str(ITERS)), **env: str) -> Job:
