@@ -75,7 +75,7 @@ class _Checksums:
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(max_workers=max(1, min(4, (os.cpu_count() or 2) - 1)),
                                         thread_name_prefix="ft_plugins-crc")
-        self._pending: dict[str, tuple[Any, list[Future[int]], int]] = {}
+        self._pending: dict[str, tuple[Any, list[Future[int]]]] = {}
 
     def __enter__(self) -> "_Checksums":
         return self
@@ -88,12 +88,12 @@ class _Checksums:
         head = size % CHUNK or min(size, CHUNK)  # the odd piece first: each after it shifts the CRC by CHUNK
         bounds = [(0, head), *((start, start + CHUNK) for start in range(head, size, CHUNK))]
         futures = [self._pool.submit(zlib.crc32, view[start:end]) for start, end in bounds]
-        self._pending[name] = (data, futures, size)  # ``data`` kept: the view is into its memory
+        self._pending[name] = (data, futures)  # ``data`` kept: the view is into its memory
 
     def results(self) -> dict[str, int]:
         """Each record's CRC-32, by its name in the archive (without the archive's folder)."""
         done = {}
-        for name, (_, futures, _) in self._pending.items():
+        for name, (_, futures) in self._pending.items():
             crc = futures[0].result()
             for future in futures[1:]:
                 crc = _times(_zeros(CHUNK), crc) ^ future.result()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -23,6 +24,8 @@ MSRUN = str(Path(PYTHON).with_name("msrun"))
 SCRIPT = Path(__file__).resolve().parent / "fixtures" / "msrun_train.py"
 STEPS = 24
 WORKERS = 2
+# the hangs bounds of the fixture's jobs: a step bound of 3 s (steps take about 0.1 s), a second of grace
+HANG_BOUNDS = {"FT_PLUGINS_HANGS_FLOOR": "3", "FT_PLUGINS_HANGS_WARMUP": "60", "FT_PLUGINS_HANGS_GRACE": "1"}
 
 
 @dataclass
@@ -111,15 +114,32 @@ def wait(job: Job, timeout: float = 240, faulted: bool = False) -> Job:
             kill_tree(job.process.pid)  # msrun (or ft-plugins run and its msrun), its scheduler and its log tails
             if time.monotonic() > deadline:
                 job.process.wait()
-                raise AssertionError(f"msrun job timed out after {timeout} s:\n{_output(job)[-3000:]}")
+                raise AssertionError(f"msrun job timed out after {timeout} s:\n{launcher_output(job)[-3000:]}")
         time.sleep(0.1)
     job.returncode = job.process.returncode
-    job.stdout = _output(job)
+    job.stdout = launcher_output(job)
     return job
 
 
-def _output(job: Job) -> str:
+def launcher_output(job: Job) -> str:
+    """What the launcher (msrun, or ``ft-plugins run`` and its msrun) printed so far."""
     return (job.out.parent / job.output).read_text(errors="replace")
+
+
+def copy_root(root: Path, target: Path) -> Path:
+    """A job's checkpoint root copied for a relaunch, writable (MindSpore writes checkpoints read-only)."""
+    shutil.copytree(root, target)
+    for path in target.rglob("*"):
+        path.chmod(0o644 if path.is_file() else 0o755)
+    return target
+
+
+def latest_step(root: Path) -> tuple[int | None, int | None]:
+    """(epoch, step in epoch) of the checkpoint ``resume`` would pick for rank 0."""
+    from ft_plugins.checkpoint import find_latest
+
+    selection = find_latest(root, rank=0)
+    return selection.epoch, selection.step
 
 
 def run(workdir: Path, form: str, env: dict[str, str], root: Path | None = None, faulted: bool = False) -> Job:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -29,7 +28,8 @@ from pathlib import Path
 import pytest
 
 import msrun_jobs
-from msrun_jobs import STEPS, WORKERS, Control, Job, alive, assert_same_parameters, job_env, processes
+from msrun_jobs import (HANG_BOUNDS, STEPS, WORKERS, Control, Job, alive, assert_same_parameters, copy_root, job_env,
+                        latest_step, processes)
 from support import PYTHON, assert_agrees
 
 KILLED_AFTER = 14  # two steps after the save of step 12
@@ -39,23 +39,8 @@ STOPPED_AFTER, NEXT_SAVE = 19, 22
 GRACE = 20
 FT_RUN = (PYTHON, "-m", "ft_plugins.cli", "run", "--grace", str(GRACE), "--")
 JOB = {"FT_PLUGINS_EVENTS_JOB": "msrun-chain"}  # the launches with ft_plugins: one job, relaunched
-HANG_BOUNDS = {"FT_PLUGINS_HANGS_FLOOR": "3", "FT_PLUGINS_HANGS_WARMUP": "60", "FT_PLUGINS_HANGS_GRACE": "1"}
 SLOW_SAVE = 1.0  # seconds each save of the last launch takes more: a dump at that speed outlasts msrun's second
 HELD = 10  # seconds the hang without ft_plugins is watched after its step 14: over 3 x the step bound
-
-
-def _copy(root: Path, target: Path) -> Path:
-    shutil.copytree(root, target)
-    for path in target.rglob("*"):
-        path.chmod(0o644 if path.is_file() else 0o755)  # MindSpore writes checkpoints read-only
-    return target
-
-
-def _latest_step(root: Path) -> tuple[int | None, int | None]:
-    from ft_plugins.checkpoint import find_latest
-
-    selection = find_latest(root, rank=0)
-    return selection.epoch, selection.step
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +102,7 @@ def preempted(dumped: Job, tmp_path_factory: pytest.TempPathFactory) -> Job:
     ``FaultTolerance`` is listed last, so the signal finds each worker in the step log's slow step end, before
     FaultTolerance's own: the step it follows is completed all the same."""
     workdir = tmp_path_factory.mktemp("preempted")
-    root = _copy(dumped.root, workdir / "ckpt")
+    root = copy_root(dumped.root, workdir / "ckpt")
     env = job_env(FT_PLUGINS="ttp,resume", FT_TEST_SLOW=f"{STOPPED_AFTER - 1}:1", **JOB)
     job = msrun_jobs.start(workdir, "recipe_last", env, root=root, launcher=FT_RUN)
     msrun_jobs.wait_for_step(job, 0, STOPPED_AFTER)
@@ -130,7 +115,7 @@ def preempted(dumped: Job, tmp_path_factory: pytest.TempPathFactory) -> Job:
 def finished(preempted: Job, tmp_path_factory: pytest.TempPathFactory) -> Job:
     workdir = tmp_path_factory.mktemp("finished")
     env = job_env(FT_PLUGINS="ttp,resume", FT_TEST_SLOW_SAVE=str(SLOW_SAVE), **JOB)
-    return msrun_jobs.run(workdir, "recipe", env, root=_copy(preempted.root, workdir / "ckpt"))
+    return msrun_jobs.run(workdir, "recipe", env, root=copy_root(preempted.root, workdir / "ckpt"))
 
 
 def test_without_ft_plugins_sigterm_to_msrun_orphans_the_job(reference: Job) -> None:
@@ -144,7 +129,7 @@ def test_without_ft_plugins_sigterm_to_msrun_orphans_the_job(reference: Job) -> 
 
 
 def test_without_ttp_a_crash_loses_the_steps_since_the_last_save(crashed: Job) -> None:
-    assert _latest_step(crashed.root) == (2, 4)  # step 12: steps 13 and 14 are lost
+    assert latest_step(crashed.root) == (2, 4)  # step 12: steps 13 and 14 are lost
 
 
 def test_a_crash_between_saves_loses_no_step_with_ttp(dumped: Job) -> None:
@@ -154,7 +139,7 @@ def test_a_crash_between_saves_loses_no_step_with_ttp(dumped: Job) -> None:
         directory = dumped.root / f"rank_{rank}"
         assert (directory / "net-2_6.ckpt").is_file() and (directory / "ft_manifest-net-2_6.json").is_file()
         assert not [p.name for p in directory.iterdir() if p.name.startswith(".")]  # no claim or staging left
-    assert _latest_step(dumped.root) == (2, 6)
+    assert latest_step(dumped.root) == (2, 6)
     assert "dying-gasp checkpoint of step 14 written" in dumped.log(0)
 
 
@@ -197,7 +182,7 @@ def test_the_hang_s_dump_holds_the_crash_s_step_bit_for_bit(hung: tuple[Job, Con
     from mindspore import load_checkpoint
 
     job = hung[0]
-    assert _latest_step(job.root) == (2, 6)  # step 14, committed: the relaunch below resumes from it
+    assert latest_step(job.root) == (2, 6)  # step 14, committed: the relaunch below resumes from it
     assert "dying-gasp checkpoint of step 14 written" in job.log(0)
     for rank in range(WORKERS):
         ours, theirs = (load_checkpoint(str(root / f"rank_{rank}" / "net-2_6.ckpt"))
@@ -228,7 +213,7 @@ def test_sigterm_to_the_launcher_ends_every_process_after_its_dying_gasp(preempt
     assert STOPPED_AFTER <= last < NEXT_SAVE, f"SIGTERM reached the workers after the regular save of step {last}"
     epoch, step_in_epoch = (last - 1) // 8 + 1, (last - 1) % 8 + 1
     # the last completed step, committed, although the signal came before FaultTolerance's own step end
-    assert _latest_step(preempted.root) == (epoch, step_in_epoch)
+    assert latest_step(preempted.root) == (epoch, step_in_epoch)
     # both workers wrote on SIGTERM at once: every file of that step has one writer (a claim each), none left over
     marker = f"SIGTERM: dying-gasp checkpoint of step {last} written in "
     written = [path for rank in range(WORKERS) for line in preempted.log(rank).splitlines() if marker in line
@@ -285,8 +270,8 @@ def test_without_a_resume_dir_initial_epoch_refuses_naming_it(crashed: Job,
                                                              tmp_path_factory: pytest.TempPathFactory) -> None:
     """``FaultTolerance()`` + ``initial_epoch(...)``: before, every epoch was trained again on the loaded step 12."""
     workdir = tmp_path_factory.mktemp("no_directory")
-    job = msrun_jobs.run(workdir, "no_directory", job_env(FT_PLUGINS="resume"), root=_copy(crashed.root, workdir / "ckpt"),
-                         faulted=True)
+    job = msrun_jobs.run(workdir, "no_directory", job_env(FT_PLUGINS="resume"),
+                         root=copy_root(crashed.root, workdir / "ckpt"), faulted=True)
     assert job.returncode != 0
     errors = [job.error(rank) for rank in range(WORKERS) if job.error(rank)]
     assert errors  # the first rank to fail ends the job: msrun kills the other wherever it stands

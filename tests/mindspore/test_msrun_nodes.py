@@ -12,18 +12,17 @@ run uninterrupted, bit for bit; without ft_plugins the same hang still waits, an
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 
 import pytest
 
 import msrun_jobs
-from msrun_jobs import STEPS, WORKERS, Job, alive, assert_same_parameters, job_env, processes
+from msrun_jobs import (HANG_BOUNDS, STEPS, WORKERS, Job, alive, assert_same_parameters, copy_root, job_env,
+                        latest_step, processes)
 from support import FAKES, PYTHON, free_port, kill_tree, path_first
 
 STUCK_AFTER = 14  # two steps after the save of step 12
-HANG_BOUNDS = {"FT_PLUGINS_HANGS_FLOOR": "3", "FT_PLUGINS_HANGS_WARMUP": "60", "FT_PLUGINS_HANGS_GRACE": "1"}
 FT_RUN = (PYTHON, "-m", "ft_plugins.cli", "run", "--grace", "20", "--")
 HELD = 12  # seconds the hang without ft_plugins is looked at after its step 14: 4 x the step bound
 
@@ -39,13 +38,6 @@ def _nodes(workdir: Path, form: str, env: dict[str, str], launcher: tuple[str, .
 
 def _wait(nodes: list[Job], faulted: bool = False) -> list[Job]:
     return [msrun_jobs.wait(node, faulted=faulted) for node in nodes]
-
-
-def _latest_step(root: Path) -> tuple[int | None, int | None]:
-    from ft_plugins.checkpoint import find_latest
-
-    selection = find_latest(root, rank=0)
-    return selection.epoch, selection.step
 
 
 @pytest.fixture(scope="module")
@@ -65,10 +57,7 @@ def hung(tmp_path_factory: pytest.TempPathFactory) -> list[Job]:
 @pytest.fixture(scope="module")
 def resumed(hung: list[Job], tmp_path_factory: pytest.TempPathFactory) -> list[Job]:
     workdir = tmp_path_factory.mktemp("nodes_resumed")
-    root = workdir / "ckpt"
-    shutil.copytree(hung[0].root, root)
-    for path in root.rglob("*"):
-        path.chmod(0o644 if path.is_file() else 0o755)  # MindSpore writes checkpoints read-only
+    root = copy_root(hung[0].root, workdir / "ckpt")
     return _wait(_nodes(workdir, "recipe", job_env(FT_PLUGINS="ttp,resume"), launcher=FT_RUN, root=root))
 
 
@@ -81,8 +70,8 @@ def alone(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
         time.sleep(HELD)
         return {"alive": [alive(pid) for pid, role in processes(nodes[0]).items() if role == "MS_WORKER"],
                 "steps": [nodes[0].steps(rank)[-1] for rank in range(WORKERS)],
-                "latest": _latest_step(nodes[0].root),
-                "said": [line for node in nodes for line in msrun_jobs._output(node).splitlines()
+                "latest": latest_step(nodes[0].root),
+                "said": [line for node in nodes for line in msrun_jobs.launcher_output(node).splitlines()
                          if "ft_plugins" in line]}
     finally:
         for node in nodes:
@@ -109,7 +98,7 @@ def test_node_0_s_rank_dumps_the_last_step_for_both_ranks_and_is_stopped(hung: l
     for rank in range(WORKERS):
         directory = node.root / f"rank_{rank}"
         assert (directory / "net-2_6.ckpt").is_file() and (directory / "ft_manifest-net-2_6.json").is_file()
-    assert _latest_step(node.root) == (2, 6)  # step 14, committed
+    assert latest_step(node.root) == (2, 6)  # step 14, committed
     assert [job.returncode for job in hung] != [0, 0]  # the job failed, for its relaunch
 
 
