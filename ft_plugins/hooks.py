@@ -114,10 +114,9 @@ def prepare_launcher(launcher: str) -> bool:
         from ft_plugins.launch import recover
 
         prepared = recover.install(recovering.settings["spares"]) or prepared
-    if launcher == "torchrun":
-        from ft_plugins.launch import shutdown
+    from ft_plugins.launch import shutdown
 
-        shutdown.install()  # the grace ``ft-plugins run`` planned, for the stop after a worker died too
+    shutdown.install(launcher)  # the grace ``ft-plugins run`` planned, for the stop after a worker died too
     hangs = runtime.running(Hangs)
     if hangs is not None:  # after recover's: it ends a hung rank before recover looks
         from ft_plugins.launch import msrun_watch, watchdog

@@ -7,13 +7,18 @@ when a worker dies, the survivors are stopped with a fixed 30 s (torch's process
 others at the first failure, and its agent's ``_stop_workers`` again), so in the torchrun process
 :func:`install` makes every close of the workers' process context wait the grace. A grace not given is
 estimated again at each close, from what the job's saves recorded since its start: a first launch has
-nothing measured, and its first periodic save is what the estimate then needs.
+nothing measured, and its first periodic save is what the estimate then needs. msrun gives no grace at
+all: when a worker failed it SIGKILLs every other worker's process group at its next poll, 0 to 1 s after
+the death (``_ProcessManager.kill_worker_processes``); in the msrun process that kill becomes SIGTERM to
+the same groups, the grace, then msrun's SIGKILL.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -23,6 +28,8 @@ from ft_plugins.launch.process import GRACE
 log = logging.getLogger("ft_plugins.launch")
 
 PROCESSES = "torch.distributed.elastic.multiprocessing.api"  # PContext.close(death_sig, timeout=30)
+MSRUN_MANAGER = "mindspore.parallel.cluster.process_entity._api"  # _ProcessManager.kill_worker_processes()
+POLL = 0.05
 
 
 @dataclass(frozen=True)
@@ -61,38 +68,88 @@ def plan(command: Sequence[str], env: Mapping[str, str], asked: float | None, ms
     return Grace(seconds, changes, line, warning)
 
 
-def install(env: Mapping[str, str] | None = None) -> bool:
-    """In the torchrun process: every stop of the workers waits ``FT_PLUGINS_GRACE`` seconds before SIGKILL,
-    whatever torch passes; never raises (torchrun then stops workers as it would)."""
+def install(launcher: str = "torchrun", env: Mapping[str, str] | None = None) -> bool:
+    """In the launcher process: every stop of the workers waits ``FT_PLUGINS_GRACE`` seconds before SIGKILL,
+    torchrun's whatever torch passes, msrun's when one worker failed; never raises (the launcher then stops
+    workers as it would)."""
     env = os.environ if env is None else env
     if estimates.GRACE_VAR not in env:
         return False
     try:
-        seconds = float(env[estimates.GRACE_VAR])
-        import importlib
+        planned = Planned(float(env[estimates.GRACE_VAR]), env.get(estimates.GRACE_FOLLOWS_VAR))
+        if launcher == "msrun":
+            from ft_plugins.patching import when_imported
 
-        import wrapt
+            def patch(module: Any) -> None:
+                _wrap(module._ProcessManager, "kill_worker_processes", planned.msrun_kill)  # noqa: SLF001
 
-        context = importlib.import_module(PROCESSES).PContext
-        context.close = wrapt.FunctionWrapper(context.close, _waiting(seconds, env.get(estimates.GRACE_FOLLOWS_VAR)))
+            when_imported(MSRUN_MANAGER, patch)
+        else:
+            import importlib
+
+            _wrap(importlib.import_module(PROCESSES).PContext, "close", planned.torch_close)
     except Exception as exc:
-        log.warning("torchrun's agent keeps its own shutdown timeout (%s: %s)", type(exc).__name__, exc)
+        log.warning("%s keeps its own stop of the workers (%s: %s)", launcher, type(exc).__name__, exc)
         return False
     return True
 
 
-def _waiting(planned: float, follows: str | None) -> Callable[..., Any]:
-    said = [planned]
+def _wrap(owner: Any, name: str, replacement: Callable[..., Any]) -> None:
+    import wrapt
 
-    def close(wrapped: Callable[..., Any], _context: Any, args: tuple, kwargs: dict) -> Any:
-        death_sig = kwargs.pop("death_sig", args[0] if args else None)
-        extra = {} if death_sig is None else {"death_sig": death_sig}
-        found = estimates.measured(follows)
-        seconds = estimates.grace_for(found, planned)
-        if found is not None and seconds != said[-1]:  # a grace not planned at the start: said when it changes
-            said.append(seconds)
+    setattr(owner, name, wrapt.FunctionWrapper(getattr(owner, name), replacement))
+
+
+class Planned:
+    """The grace planned at start (``FT_PLUGINS_GRACE``); where it was not given (``follows``: the ``--save``
+    directory), raised at each stop to what the job's writes recorded since, and said when it changes."""
+
+    def __init__(self, seconds: float, follows: str | None) -> None:
+        self.said = [seconds]
+        self.follows = follows
+
+    def seconds(self) -> float:
+        found = estimates.measured(self.follows)
+        seconds = estimates.grace_for(found, self.said[0])
+        if found is not None and seconds != self.said[-1]:
+            self.said.append(seconds)
             log.warning("dying gasp: %s; the workers get %g s after SIGTERM before SIGKILL",
                         estimates.describe(found), seconds)
-        return wrapped(**extra, timeout=seconds)
+        return seconds
 
-    return close
+    def torch_close(self, wrapped: Callable[..., Any], _context: Any, args: tuple, kwargs: dict) -> Any:
+        death_sig = kwargs.pop("death_sig", args[0] if args else None)
+        extra = {} if death_sig is None else {"death_sig": death_sig}
+        return wrapped(**extra, timeout=self.seconds())
+
+    def msrun_kill(self, wrapped: Callable[..., Any], manager: Any, args: tuple, kwargs: dict) -> Any:
+        """SIGTERM to each running worker's process group (msrun's SIGKILL goes to the group), the grace for
+        them to be gone, then msrun's own kill of what is left, and SIGKILL to what the gone ones left in
+        their groups."""
+        running = [proc for proc in manager.cgn_processes if proc.poll() is None]
+        groups = [group for group in map(_group, running) if group is not None]
+        if groups:
+            seconds = self.seconds()
+            log.warning("msrun stops the other workers: SIGTERM, SIGKILL after %g s for their dying gasp", seconds)
+            _signal_groups(groups, signal.SIGTERM)
+            deadline = time.monotonic() + seconds
+            while any(proc.poll() is None for proc in running) and time.monotonic() < deadline:
+                time.sleep(POLL)
+        result = wrapped(*args, **kwargs)
+        _signal_groups(groups, signal.SIGKILL)
+        return result
+
+
+def _group(proc: Any) -> int | None:
+    try:
+        return os.getpgid(proc.pid)
+    except ProcessLookupError:
+        return None
+
+
+def _signal_groups(groups: list[int], sig: int) -> None:
+    for group in groups:
+        try:
+            os.killpg(group, sig)
+        except ProcessLookupError:
+            pass

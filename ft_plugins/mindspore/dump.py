@@ -1,10 +1,10 @@
 """``ttp``'s built-in engine on MindSpore (no MindIO): the survivors write the last completed step.
 
-When a worker dies, msrun notices within a second and SIGKILLs every other worker: no handler, atexit
-or callback runs there, and the survivors' main threads sit in the step's AllReduce, where reading a
-live parameter blocks behind the stuck collective. So the state is copied to host memory at every
-step end (every parameter of the train network: weights, optimizer state, step counter, learning
-rate), and a watcher thread writes that copy when
+When a worker dies, msrun notices within a second and SIGKILLs every other worker (under ``ft-plugins run``,
+SIGTERM and the run's grace come first): no handler, atexit or callback runs there, and the survivors' main
+threads sit in the step's AllReduce, where reading a live parameter blocks behind the stuck collective. So the
+state is copied to host memory at every step end (every parameter of the train network: weights, optimizer
+state, step counter, learning rate), and a watcher thread writes that copy when
 
 - a worker of this node exits while this rank is inside a step (its process is polled every 20 ms; one that
   said it ended training, :func:`_ended_mark`, is no loss: a faster peer leaves while this rank still saves): at
@@ -205,7 +205,8 @@ class DumpEngine:
 
     # -- the dump ---------------------------------------------------------------------------------
     def dump(self, reason: str) -> list[str]:
-        """Write the last completed step as every rank's checkpoint this process may write; the paths written."""
+        """Write the last completed step as every rank's checkpoint this process may write; the paths written.
+        Recorded and said under the lock too: SIGTERM meanwhile waits for all of it before the process exits."""
         with self.lock:
             snapshot, target = self.snapshot, self.target
             if snapshot is None or target is None:
@@ -221,17 +222,17 @@ class DumpEngine:
                     break
                 if (path := self._write(snapshot, target, rank)) is not None:
                     written.append(path)
-        if written:
+            if not written:
+                log.warning("ttp: %s: step %d already written (by a regular save or another survivor)", reason,
+                            snapshot.step)
+                return written
             seconds = time.monotonic() - started
             if self.speed is not None:
                 self.speed.record(sum(map(os.path.getsize, written)), seconds, f"dump of step {snapshot.step}")
             recording.dumped(snapshot.step, seconds)
             log.warning("ttp: %s: dying-gasp checkpoint of step %d written in %.3f s: %s", reason, snapshot.step,
                         seconds, ", ".join(written))
-        else:
-            log.warning("ttp: %s: step %d already written (by a regular save or another survivor)", reason,
-                        snapshot.step)
-        return written
+            return written
 
     def _write(self, snapshot: Snapshot, target: Target, rank: int | None) -> str | None:
         import mindspore

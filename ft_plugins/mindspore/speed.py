@@ -3,10 +3,10 @@
 msrun polls its workers once a second and, when one has exited with an error, SIGKILLs every other worker's
 process group at once: no SIGTERM, no handler runs (``join_processes`` in MindSpore's
 ``parallel/cluster/process_entity/_api.py``). The dump (:mod:`.dump`) is written by a watcher thread the moment
-it sees a peer gone, from the host copy of the last completed step, so it has what is left of that second, and
-``ft-plugins run`` cannot lengthen it (msrun kills its workers itself). Every regular save's and every dump's
-write is recorded in the save root (:mod:`ft_plugins.grace`); rank 0 says once, after its first step or a save,
-when a dump of every rank's file at that speed needs longer.
+it sees a peer gone, from the host copy of the last completed step, so it has what is left of that second.
+Under ``ft-plugins run -- msrun`` that kill is SIGTERM first, then the run's grace (:mod:`ft_plugins.launch.shutdown`).
+Every regular save's and every dump's write is recorded in the save root (:mod:`ft_plugins.grace`); rank 0 says
+once, after its first step or a save, when a dump of every rank's file at that speed needs longer than it gets.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from ft_plugins import grace
 from ft_plugins.mindspore.base import STEP_END, on_instance
@@ -33,6 +33,15 @@ def under_msrun() -> bool:
             return any(os.path.basename(arg) == LAUNCHER.encode() for arg in handle.read().split(b"\0")[:2])
     except OSError:
         return False
+
+
+def launcher_grace(env: Mapping[str, str]) -> tuple[float, str, str]:
+    """The seconds a survivor gets to write after a worker's death, whose they are, and how to get more."""
+    if grace.GRACE_VAR in env:
+        given, _ = grace.worker_grace(env)
+        return given, f"ft-plugins run's grace of {given:g} s before SIGKILL", "raise it with --grace"
+    return (MSRUN_GRACE, f"msrun's grace (it SIGKILLs every worker within {MSRUN_GRACE:g} s of one's death)",
+            "launch with 'ft-plugins run -- msrun' for a grace")
 
 
 class WriteSpeed:
@@ -60,12 +69,12 @@ class WriteSpeed:
         if found is None:
             return
         seconds = grace.estimate(dump_bytes, found.speed, fixed=0.0)
-        if seconds > MSRUN_GRACE:
+        given, whose, fix = launcher_grace(os.environ)
+        if seconds > given:
             self.said = True
             log.warning("ttp: a dump needs about %.1f s (%s, every rank's file, at %s, measured on the %s), longer "
-                        "than msrun's grace: it SIGKILLs every worker within %g s of one's death, so the dump is cut "
-                        "short and the steps since the last save are lost", seconds, grace.amount(dump_bytes),
-                        grace.amount(found.speed, "B/s"), found.what, MSRUN_GRACE)
+                        "than %s: it would be cut short and the steps since the last save lost; %s", seconds,
+                        grace.amount(dump_bytes), grace.amount(found.speed, "B/s"), found.what, whose, fix)
 
     def timed_saves(self, checkpoint: Any) -> Callable[[], None]:
         """Rank 0 records each save its ``ModelCheckpoint`` makes in a step end (an asynchronous save's time is

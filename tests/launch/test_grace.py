@@ -113,13 +113,13 @@ def test_a_grace_not_given_follows_the_writes_the_job_records_after_its_start(tm
         closes.append(timeout)
 
     save = tmp_path / "ckpt"
-    following = shutdown._waiting(30.0, str(save))  # noqa: SLF001
-    following(close, None, (), {})
+    following = shutdown.Planned(30.0, str(save))
+    following.torch_close(close, None, (), {})
     _recorded(save, SLOW)
     with caplog.at_level("WARNING", logger="ft_plugins.launch"):
-        following(close, None, (), {"death_sig": 15})
-        following(close, None, (), {})
-    shutdown._waiting(30.0, None)(close, None, (), {})  # noqa: SLF001
+        following.torch_close(close, None, (), {"death_sig": 15})
+        following.torch_close(close, None, (), {})
+    shutdown.Planned(30.0, None).torch_close(close, None, (), {})
     assert closes == [30.0, 65.0, 65.0, 30.0]
     assert [record.getMessage() for record in caplog.records] == [
         f"dying gasp: {grace.describe(SLOW)}; the workers get 65 s after SIGTERM before SIGKILL"]

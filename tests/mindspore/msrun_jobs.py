@@ -142,8 +142,9 @@ def latest_step(root: Path) -> tuple[int | None, int | None]:
     return selection.epoch, selection.step
 
 
-def run(workdir: Path, form: str, env: dict[str, str], root: Path | None = None, faulted: bool = False) -> Job:
-    return wait(start(workdir, form, env, root), faulted=faulted)
+def run(workdir: Path, form: str, env: dict[str, str], root: Path | None = None, faulted: bool = False,
+        launcher: tuple[str, ...] = ()) -> Job:
+    return wait(start(workdir, form, env, root, launcher), faulted=faulted)
 
 
 def wait_for_step(job: Job, rank: int, step: int, timeout: float = 120) -> None:

@@ -5,13 +5,16 @@ Nothing is faked: msrun, its scheduler, MindSpore's Model.train, ModelCheckpoint
 checkpoints on disk. A crash is rank 1 SIGKILLing itself right after a step ended; a preemption is
 SIGTERM to the launcher. The jobs form one chain, each fixture built on the one before:
 reference (MindSpore alone; msrun SIGTERMed, its orphans train on to the end) ·
-crashed (MindSpore alone, rank 1 killed after step 14) · dumped (the same with ``ttp``) ·
+crashed (MindSpore alone, rank 1 killed after step 14) · dumped (the same with ``ttp`` under ``ft-plugins run``,
+each file of the dump taking 2.5 s more, as on a slow file system: msrun's kill of the survivor is SIGTERM and the
+run's grace first, so the dump completes) · cut short (the same under plain msrun: its SIGKILL comes within a
+second, the dump never completes; the negative control of the grace) ·
 hung (under ``ft-plugins run`` with ``ttp,resume,hangs``, rank 1 stuck for good after step 14, deaf to SIGTERM:
 msrun's watchdog ends it, rank 0 dumps step 14, bit-identical to the crash's dump; beside it the same hang with
 MindSpore alone, still waiting) ·
 preempted (relaunched on the crash's dump with the recipe under ``ft-plugins run``, ``FaultTolerance`` listed
 after the slow step log, SIGTERM to it after step 19) ·
-finished (relaunched again, to the end, each save slowed by a second as on a slow file system).
+finished (relaunched again, to the end, with a grace of 3 s: shorter than a dump at the speed recorded).
 The three launches with ft_plugins are one job by its name (``FT_PLUGINS_EVENTS_JOB``): their events, beside the
 checkpoints, are copied with them from launch to launch, and ``ft-plugins report`` reads the whole chain.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -39,7 +43,8 @@ STOPPED_AFTER, NEXT_SAVE = 19, 22
 GRACE = 20
 FT_RUN = (PYTHON, "-m", "ft_plugins.cli", "run", "--grace", str(GRACE), "--")
 JOB = {"FT_PLUGINS_EVENTS_JOB": "msrun-chain"}  # the launches with ft_plugins: one job, relaunched
-SLOW_SAVE = 1.0  # seconds each save of the last launch takes more: a dump at that speed outlasts msrun's second
+SLOW_DUMP = 2.5  # seconds each file of the crash's dump takes more: the dump of both outlasts msrun's second
+SHORT_GRACE = 3  # the last launch's: shorter than a dump at the recorded speed needs
 HELD = 10  # seconds the hang without ft_plugins is watched after its step 14: over 3 x the step bound
 
 
@@ -68,13 +73,24 @@ def crashed(tmp_path_factory: pytest.TempPathFactory) -> Job:
     return job
 
 
-@pytest.fixture(scope="module")
-def dumped(tmp_path_factory: pytest.TempPathFactory) -> Job:
-    """The crash with the documented recipe and ``FT_PLUGINS=ttp,resume`` (the built-in engine: no MindIO here)."""
-    job = msrun_jobs.run(tmp_path_factory.mktemp("dumped"), "recipe",
-                         job_env(FT_PLUGINS="ttp,resume", FT_TEST_KILL=f"1,{KILLED_AFTER}", **JOB), faulted=True)
+def _slow_dump_crash(workdir: Path, launcher: tuple[str, ...], **env: str) -> Job:
+    """The crash with the documented recipe and ``FT_PLUGINS=ttp,resume`` (the built-in engine: no MindIO here),
+    each file of the dump slowed."""
+    job = msrun_jobs.run(workdir, "recipe", job_env(FT_PLUGINS="ttp,resume", FT_TEST_KILL=f"1,{KILLED_AFTER}",
+                                                    FT_TEST_SLOW_DUMP=str(SLOW_DUMP), **env),
+                         faulted=True, launcher=launcher)
     assert job.returncode != 0 and job.steps(1)[-1] == KILLED_AFTER, job.stdout[-3000:]
     return job
+
+
+@pytest.fixture(scope="module")
+def dumped(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    return _slow_dump_crash(tmp_path_factory.mktemp("dumped"), FT_RUN, **JOB)
+
+
+@pytest.fixture(scope="module")
+def cut_short(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    return _slow_dump_crash(tmp_path_factory.mktemp("cut_short"), ())
 
 
 def _reached_the_hang(job: Job) -> float:
@@ -114,8 +130,9 @@ def preempted(dumped: Job, tmp_path_factory: pytest.TempPathFactory) -> Job:
 @pytest.fixture(scope="module")
 def finished(preempted: Job, tmp_path_factory: pytest.TempPathFactory) -> Job:
     workdir = tmp_path_factory.mktemp("finished")
-    env = job_env(FT_PLUGINS="ttp,resume", FT_TEST_SLOW_SAVE=str(SLOW_SAVE), **JOB)
-    return msrun_jobs.run(workdir, "recipe", env, root=copy_root(preempted.root, workdir / "ckpt"))
+    short = (PYTHON, "-m", "ft_plugins.cli", "run", "--grace", str(SHORT_GRACE), "--")
+    return msrun_jobs.run(workdir, "recipe", job_env(FT_PLUGINS="ttp,resume", **JOB),
+                          root=copy_root(preempted.root, workdir / "ckpt"), launcher=short)
 
 
 def test_without_ft_plugins_sigterm_to_msrun_orphans_the_job(reference: Job) -> None:
@@ -133,8 +150,13 @@ def test_without_ttp_a_crash_loses_the_steps_since_the_last_save(crashed: Job) -
 
 
 def test_a_crash_between_saves_loses_no_step_with_ttp(dumped: Job) -> None:
-    """Rank 0 writes step 14 for both ranks within msrun's second before its SIGKILL, committed."""
+    """Rank 0 writes step 14 for both ranks, committed, in over twice msrun's second: msrun's stop of the survivor
+    is SIGTERM, then the grace of ``ft-plugins run``, then SIGKILL."""
     assert dumped.steps(0)[-1] == KILLED_AFTER  # rank 0 ended step 14 too, then hung in step 15's AllReduce
+    assert f"msrun stops the other workers: SIGTERM, SIGKILL after {GRACE} s" in dumped.stdout, dumped.stdout[-3000:]
+    written = re.search(r"exited: dying-gasp checkpoint of step 14 written in ([0-9.]+) s", dumped.log(0))
+    assert written and float(written.group(1)) >= WORKERS * SLOW_DUMP, dumped.log(0)[-3000:]
+    assert "SIGTERM: step 14 already written" in dumped.log(0)  # msrun's SIGTERM came while it wrote
     for rank in range(WORKERS):
         directory = dumped.root / f"rank_{rank}"
         assert (directory / "net-2_6.ckpt").is_file() and (directory / "ft_manifest-net-2_6.json").is_file()
@@ -143,26 +165,40 @@ def test_a_crash_between_saves_loses_no_step_with_ttp(dumped: Job) -> None:
     assert "dying-gasp checkpoint of step 14 written" in dumped.log(0)
 
 
-def test_the_dump_and_the_regular_saves_record_their_writes_for_the_grace(dumped: Job, finished: Job) -> None:
+def test_negative_control_under_plain_msrun_the_same_dump_is_cut_short(cut_short: Job) -> None:
+    """msrun SIGKILLs the survivor within a second of the death: its dump, under way, never completes; nothing of
+    it reads as a checkpoint, and resume takes the save of step 12 (steps 13 and 14 lost)."""
+    assert "msrun stops the other workers" not in cut_short.stdout
+    assert "dying-gasp checkpoint of step 14 written" not in cut_short.log(0)
+    for rank in range(WORKERS):
+        assert not (cut_short.root / f"rank_{rank}" / "net-2_6.ckpt").exists()
+    left = [path.name for path in (cut_short.root / "rank_0").iterdir() if path.name.startswith(".")]
+    assert ".ft_ttp_claim-net-2_6" in left, left  # the dump was under way: cleared at the next start
+    assert latest_step(cut_short.root) == (2, 4)
+
+
+def test_the_dump_and_the_regular_saves_record_their_writes_for_the_grace(dumped: Job, preempted: Job,
+                                                                          finished: Job) -> None:
     """In the save root (``ft_write_speed.json``): the dump's write, both ranks' files by the one survivor, and
-    rank 0's ModelCheckpoint saves. A state this small fits msrun's second, so nothing is said, until the saves of
-    the last launch take a second more (a slow file system): then rank 0 says once, under the real msrun, that a
-    dump at that speed would be cut short."""
+    rank 0's ModelCheckpoint saves. A dump at the recorded speed fits the 20 s grace of the relaunch, so nothing
+    is said there; under the last launch's grace of 3 s, rank 0 says once that it would be cut short."""
     from ft_plugins import grace
 
     last = grace.recorded(str(dumped.root))[-1]
-    assert last.what == "dump of step 14"
+    assert last.what == "dump of step 14" and last.seconds >= WORKERS * SLOW_DUMP
     files = [dumped.root / f"rank_{rank}" / "net-2_6.ckpt" for rank in range(WORKERS)]
     assert last.written == sum(path.stat().st_size for path in files)
-    assert "longer than msrun's grace" not in dumped.log(0)
+    for job in (dumped, preempted):
+        assert "ttp: a dump needs about" not in job.log(0)
     last = grace.recorded(str(finished.root))[-1]
     saved = finished.root / "rank_0" / last.what.removeprefix("save ")
     assert last.what.startswith("save net_") and last.written == saved.stat().st_size
-    assert last.seconds >= SLOW_SAVE
-    said = [line for line in finished.log(0).splitlines() if "longer than msrun's grace" in line]
+    said = [line for line in finished.log(0).splitlines() if "ttp: a dump needs about " in line]
     assert len(said) == 1, finished.log(0)[-3000:]
-    assert "ttp: a dump needs about " in said[0] and "measured on the save net_" in said[0], said
-    assert "longer than msrun's grace" not in finished.log(1)
+    assert "measured on the dump of step 14" in said[0], said
+    assert f"longer than ft-plugins run's grace of {SHORT_GRACE} s before SIGKILL: " in said[0], said
+    assert said[0].endswith("raise it with --grace"), said
+    assert "ttp: a dump needs about" not in finished.log(1)
 
 
 def test_a_hung_rank_is_found_by_msrun_s_watchdog_named_with_its_stacks_and_ended(hung: tuple[Job, Control]) -> None:
