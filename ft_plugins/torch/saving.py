@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import inspect
 import os
 import pickle
 import struct
@@ -26,6 +27,7 @@ CHUNK = 32 << 20  # bytes of a record one thread takes at a time (a power of two
 _DESCRIPTOR = b"PK\x07\x08"
 _ENTRY = b"PK\x01\x02"
 _POLYNOMIAL = 0xEDB88320  # CRC-32's, reflected
+ARCHIVE_WRITER = ("obj", "zip_file", "pickle_module", "pickle_protocol", "_disable_byteorder_record")  # torch's _save
 
 
 class LayoutError(Exception):
@@ -38,8 +40,10 @@ def save(obj: Any, path: str) -> None:
 
     serialization = torch.serialization
     try:
-        writer = torch._C.PyTorchFileWriter(path, False, serialization._get_storage_alignment())
         write_archive = serialization._save
+        if not _takes_archive_writer_arguments(write_archive):
+            raise TypeError(f"torch.serialization._save{inspect.signature(write_archive)}")
+        writer = torch._C.PyTorchFileWriter(path, False, serialization._get_storage_alignment())
     except (AttributeError, TypeError, RuntimeError):  # not the writer this was made for: torch's own save
         torch.save(obj, path)
         return
@@ -52,6 +56,13 @@ def save(obj: Any, path: str) -> None:
         fill_in_crcs(path, computed)
     except LayoutError:
         torch.save(obj, path)
+
+
+def _takes_archive_writer_arguments(write_archive: Any) -> bool:
+    """Whether torch's ``_save`` takes the five arguments given here (those after them have defaults)."""
+    parameters = list(inspect.signature(write_archive).parameters.values())
+    return (tuple(parameter.name for parameter in parameters[:len(ARCHIVE_WRITER)]) == ARCHIVE_WRITER
+            and all(parameter.default is not parameter.empty for parameter in parameters[len(ARCHIVE_WRITER):]))
 
 
 class _Recorded:

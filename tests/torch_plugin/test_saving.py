@@ -102,6 +102,35 @@ def test_a_torch_without_the_writer_this_was_made_for_gets_torch_save(tmp_path: 
         assert archive.testzip() is None
 
 
+@pytest.mark.parametrize("ours", [False, True])
+def test_a_torch_whose_archive_writer_takes_other_arguments_gets_torch_save(tmp_path: Path, monkeypatch,
+                                                                            ours: bool) -> None:
+    """``torch.serialization._save`` with other arguments (a torch after the one this was made for): torch.save
+    writes the file; one more argument with a default is still taken here."""
+    real_save, real_torch_save, saved = torch.serialization._save, torch.save, []
+
+    def moved(obj, zip_file, pickle_module, pickle_protocol, byteorder, storage_filter):  # noqa: ANN001, ANN202
+        raise AssertionError("called with arguments it does not take")
+
+    def extended(obj, zip_file, pickle_module, pickle_protocol, _disable_byteorder_record,  # noqa: ANN001, ANN202
+                 hook=None):  # noqa: ANN001
+        return real_save(obj, zip_file, pickle_module, pickle_protocol, _disable_byteorder_record)
+
+    def torch_save(obj: object, path: str) -> None:  # torch's save, with torch's own _save back for its write
+        saved.append(path)
+        monkeypatch.setattr(torch.serialization, "_save", real_save)
+        real_torch_save(obj, path)
+
+    monkeypatch.setattr(torch.serialization, "_save", extended if ours else moved)
+    monkeypatch.setattr(torch, "save", torch_save)
+    path = tmp_path / "model_optim_rng.pt"
+    saving.save(_state(), str(path))
+    assert saved == ([] if ours else [str(path)])
+    with zipfile.ZipFile(path) as archive:
+        assert archive.testzip() is None
+    assert torch.load(path, weights_only=False).keys() == _state().keys()
+
+
 def test_an_archive_laid_out_otherwise_is_written_again_by_torch_save(tmp_path: Path, monkeypatch) -> None:
     """Where the CRCs cannot be filled in, the file is ``torch.save``'s: never one whose CRCs are zero."""
     monkeypatch.setattr(saving, "_DESCRIPTOR", b"PK\x09\x09")  # as if torch no longer wrote data descriptors
