@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Collection, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 from ft_plugins.processes import all_pids, status
 
@@ -135,6 +135,16 @@ def reap_adopted(keep: Collection[int] = ()) -> None:
                     os.waitpid(pid, os.WNOHANG)
             except (ProcessLookupError, ChildProcessError):  # collected meanwhile
                 pass
+
+
+def wait_gone(procs: Sequence[Any], seconds: float, poll: float = 0.05) -> bool:
+    """Wait up to ``seconds`` for every process (``Popen``-like: ``poll()``) to have exited; whether they all did."""
+    deadline = time.monotonic() + seconds
+    while any(proc.poll() is None for proc in procs):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll)
+    return True
 
 
 def _processes() -> list[tuple[int, int, bool]]:

@@ -18,18 +18,16 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from ft_plugins import grace as estimates
-from ft_plugins.launch.process import GRACE
+from ft_plugins.launch.process import GRACE, wait_gone
 
 log = logging.getLogger("ft_plugins.launch")
 
 PROCESSES = "torch.distributed.elastic.multiprocessing.api"  # PContext.close(death_sig, timeout=30)
 MSRUN_MANAGER = "mindspore.parallel.cluster.process_entity._api"  # _ProcessManager.kill_worker_processes()
-POLL = 0.05
 
 
 @dataclass(frozen=True)
@@ -132,9 +130,7 @@ class Planned:
             seconds = self.seconds()
             log.warning("msrun stops the other workers: SIGTERM, SIGKILL after %g s for their dying gasp", seconds)
             _signal_groups(groups, signal.SIGTERM)
-            deadline = time.monotonic() + seconds
-            while any(proc.poll() is None for proc in running) and time.monotonic() < deadline:
-                time.sleep(POLL)
+            wait_gone(running, seconds)
         result = wrapped(*args, **kwargs)
         _signal_groups(groups, signal.SIGKILL)
         return result

@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping
 from ft_plugins import events, progress
 from ft_plugins.config import PROGRESS_VAR
 from ft_plugins.features.hangs import Bounds
+from ft_plugins.launch.process import wait_gone
 from ft_plugins.launch.stalls import ALL, HANG, Verdict, Watch, judge, main_frames, overdue, stuck, waits_on_peers
 
 log = logging.getLogger("ft_plugins.hangs")
@@ -170,12 +171,12 @@ def stop(procs: list[Any], grace: float, answers: Callable[[Any], bool]) -> None
     a driver call, or one that ignores SIGTERM, would spend the whole grace for nothing), after ``grace`` seconds to
     the others still running; returns once they are gone, or ``EXIT_WAIT`` after the last SIGKILL."""
     _signal(procs, signal.SIGTERM)
-    if _gone(procs, min(grace, ANSWER_WAIT)):
+    if wait_gone(procs, min(grace, ANSWER_WAIT)):
         return
     _signal([proc for proc in procs if proc.poll() is None and not answers(proc)], signal.SIGKILL)
-    if not _gone(procs, max(grace - ANSWER_WAIT, 0.0)):
+    if not wait_gone(procs, max(grace - ANSWER_WAIT, 0.0)):
         _signal([proc for proc in procs if proc.poll() is None], signal.SIGKILL)
-        _gone(procs, EXIT_WAIT)
+        wait_gone(procs, EXIT_WAIT)
 
 
 def answering(directory: str, ranks: Mapping[int, int]) -> Callable[[Any], bool]:
@@ -197,15 +198,6 @@ def _signal(procs: list[Any], sig: int) -> None:
             os.kill(proc.pid, sig)
         except ProcessLookupError:
             pass
-
-
-def _gone(procs: list[Any], wait: float) -> bool:
-    deadline = time.monotonic() + wait
-    while any(proc.poll() is None for proc in procs):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(POLL)
-    return True
 
 
 def _failed(worker_group: Any, context: Any) -> Any:

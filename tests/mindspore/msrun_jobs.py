@@ -77,6 +77,11 @@ def job_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def ft_run(grace: float) -> tuple[str, ...]:
+    """``ft-plugins run`` before the launcher, giving the workers ``grace`` seconds before SIGKILL."""
+    return (PYTHON, "-m", "ft_plugins.cli", "run", "--grace", f"{grace:g}", "--")
+
+
 def msrun_command(job: Job, program: tuple[str, ...], launcher: tuple[str, ...] = (),
                   node: tuple[int, int] | None = None) -> list[str]:
     """msrun of every worker on this node, or (``node``: its rank and the master's port) of one worker per node."""

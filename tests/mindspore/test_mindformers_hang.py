@@ -21,11 +21,10 @@ import pytest
 import msrun_jobs
 from mindformers_runs import ENTRY, losses, task_yaml, tokens
 from msrun_jobs import WORKERS, Control, Job, assert_same_parameters, job_env
-from support import PYTHON
 
 STEPS_PER_EPOCH, EPOCHS = 4, 3  # 16 samples, 2 a batch, 2 workers
 STUCK_AFTER = 7  # a step after the save of step 6
-FT_RUN = (PYTHON, "-m", "ft_plugins.cli", "run", "--grace", "20", "--")
+FT_RUN = msrun_jobs.ft_run(20)
 # a MindFormers step takes 0.5 to 1.5 s here, several times that on a loaded machine: a floor of 3 s (the plain
 # MindSpore job's) was crossed by a slow step 3 under load, and every rank was taken for stalled; a floor of 15 s per
 # MindFormers step, and 2 x the slowest step, not 5 x: under CI's load a step took 4.9 s and 5 x made the bound 24.3 s,

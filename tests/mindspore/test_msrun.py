@@ -41,7 +41,7 @@ KILLED_AFTER = 14  # two steps after the save of step 12
 # 1 s more, reaches the workers between the two, at a step no regular save writes
 STOPPED_AFTER, NEXT_SAVE = 19, 22
 GRACE = 20
-FT_RUN = (PYTHON, "-m", "ft_plugins.cli", "run", "--grace", str(GRACE), "--")
+FT_RUN = msrun_jobs.ft_run(GRACE)
 JOB = {"FT_PLUGINS_EVENTS_JOB": "msrun-chain"}  # the launches with ft_plugins: one job, relaunched
 SLOW_DUMP = 2.5  # seconds each file of the crash's dump takes more: the dump of both outlasts msrun's second
 SHORT_GRACE = 3  # the last launch's: shorter than a dump at the recorded speed needs
@@ -130,9 +130,8 @@ def preempted(dumped: Job, tmp_path_factory: pytest.TempPathFactory) -> Job:
 @pytest.fixture(scope="module")
 def finished(preempted: Job, tmp_path_factory: pytest.TempPathFactory) -> Job:
     workdir = tmp_path_factory.mktemp("finished")
-    short = (PYTHON, "-m", "ft_plugins.cli", "run", "--grace", str(SHORT_GRACE), "--")
     return msrun_jobs.run(workdir, "recipe", job_env(FT_PLUGINS="ttp,resume", **JOB),
-                          root=copy_root(preempted.root, workdir / "ckpt"), launcher=short)
+                          root=copy_root(preempted.root, workdir / "ckpt"), launcher=msrun_jobs.ft_run(SHORT_GRACE))
 
 
 def test_without_ft_plugins_sigterm_to_msrun_orphans_the_job(reference: Job) -> None:

@@ -20,10 +20,10 @@ import pytest
 import msrun_jobs
 from msrun_jobs import (HANG_BOUNDS, STEPS, WORKERS, Job, alive, assert_same_parameters, copy_root, job_env,
                         latest_step, processes)
-from support import FAKES, PYTHON, free_port, kill_tree, path_first
+from support import FAKES, free_port, kill_tree, path_first
 
 STUCK_AFTER = 14  # two steps after the save of step 12
-FT_RUN = (PYTHON, "-m", "ft_plugins.cli", "run", "--grace", "20", "--")
+FT_RUN = msrun_jobs.ft_run(20)
 HELD = 12  # seconds the hang without ft_plugins is looked at after its step 14: 4 x the step bound
 
 

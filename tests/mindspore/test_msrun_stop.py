@@ -53,7 +53,8 @@ def test_the_others_get_the_grace_then_msruns_sigkill_reaches_the_deaf_one_and_w
     manager = SimpleNamespace(cgn_processes=procs)
     started = time.monotonic()
     try:
-        shutdown.Planned(GRACE, None).msrun_kill(lambda: _ProcessManager.kill_worker_processes(manager), manager, (), {})
+        kill = _ProcessManager.kill_worker_processes  # msrun's own, as it runs it
+        shutdown.Planned(GRACE, None).msrun_kill(lambda: kill(manager), manager, (), {})
         took = time.monotonic() - started
         answering, deaf = procs
         assert answering.wait(5) == 143 and (tmp_path / f"gasped_{answering.pid}").exists()  # its gasp completed
