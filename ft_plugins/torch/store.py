@@ -1,14 +1,24 @@
 """torchrun's store as a meeting point that needs no collective (a survivor of a lost peer can still use it).
 
 :func:`claim`: the first ``store.add`` of a key wins, so exactly one survivor writes each part of a
-dying-gasp save, whatever the others are blocked in.
+dying-gasp save, whatever the others are blocked in. :func:`distributed`: whether there are peers to meet.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
+from typing import Any
 
 log = logging.getLogger("ft_plugins.ttp")
+
+
+def distributed() -> Any:
+    """``torch.distributed`` when this process runs in an initialized group of more than one rank, else None."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+        return None
+    return dist
 
 
 def claim(key: str) -> bool:

@@ -13,6 +13,7 @@ from support import Run, fake_env, read_records, run_megatron
 
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE / "fixtures"
+EXIT_PROBE = FIXTURES / "exit_probe"
 ITERS = 4
 
 
@@ -29,7 +30,13 @@ def _run(tmp_path_factory: pytest.TempPathFactory, name: str, nproc: int, *args:
 
 @pytest.fixture(scope="module")
 def world2(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    return _run(tmp_path_factory, "world2", 2)
+    return _run(tmp_path_factory, "world2", 2, extra_paths=(EXIT_PROBE,))
+
+
+@pytest.fixture(scope="module")
+def world2_stock(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """The same 2-rank job without ft_plugins: the exit drain's negative control."""
+    return _run(tmp_path_factory, "world2_stock", 2, extra_paths=(EXIT_PROBE,), FT_PLUGINS="none")
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +119,23 @@ def test_raising_vendors_never_stop_training(raising_vendors: Run) -> None:
     _trained(raising_vendors)
     assert "worker start on rank 0 failed: RuntimeError" in raising_vendors.output
     assert "ranges are off for this process" in raising_vendors.output
+
+
+def _exits(run: Run) -> dict[str, bool]:
+    """Each rank's last word at exit (``exit_probe``): whether its process group was still up."""
+    return {record["rank"]: record["dist_initialized"] for record in run.records
+            if record["api"] == "exit"}
+
+
+def test_a_finished_gloo_job_destroys_its_process_group_before_the_interpreter_exits(world2: Run,
+                                                                                    world2_stock: Run) -> None:
+    """The exit drain against PyTorch's gloo exit race (a finished rank dying with SIGABRT at exit, seen in a
+    recovered rank of a 4-rank job): on each rank the group is gone before the last exit handler; stock, the
+    interpreter finalizes with it up."""
+    _trained(world2)
+    _trained(world2_stock)
+    assert _exits(world2) == {"0": False, "1": False}
+    assert _exits(world2_stock) == {"0": True, "1": True}
 
 
 def test_ft_plugins_none_does_nothing(switched_off: Run) -> None:

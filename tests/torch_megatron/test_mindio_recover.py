@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import re
 import signal
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -26,6 +27,7 @@ import pytest
 from support import FAKES
 from ttp_runs import DP4, ITERS, Job, assert_no_step_logged_twice, run_with_mindio, same_as_reference
 
+EXIT_PROBE = Path(__file__).resolve().parent / "fixtures" / "exit_probe"
 FIRST = 2  # rank 1 dies as the step after 2 completed steps begins
 ORDER = ["stop", "clean", "replacement", "rebuild_group", "repair", "rollback"]
 
@@ -33,7 +35,7 @@ ORDER = ["stop", "clean", "replacement", "rebuild_group", "repair", "rollback"]
 @pytest.fixture(scope="module")
 def arf_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Job, list[dict[str, Any]]]:
     return run_with_mindio(tmp_path_factory.mktemp("mindio_recover"), DP4, "--save-interval", "100",
-                           FT_PLUGINS="ttp,recover", FT_PLUGINS_INJECT_FAULT=f"rank=1,step={FIRST},kind=kill")
+                           probes=(EXIT_PROBE,), FT_PLUGINS="ttp,recover", FT_PLUGINS_INJECT_FAULT=f"rank=1,step={FIRST},kind=kill")
 
 
 def _controller(calls: list[dict[str, Any]]) -> list[tuple[str, Any, Any]]:
@@ -88,6 +90,19 @@ def test_the_survivors_keep_their_processes_one_new_process_joins_through_the_ha
         "RS_PREREPAIR_FINISH"]
     assert job.lines("MindIO rollback on rank 1 in") and job.lines(
         f"every rank stands at step {FIRST}, training continues at step {FIRST + 1}")
+
+
+def test_every_rank_the_replacement_too_destroys_its_rebuilt_group_before_the_interpreter_exits(
+        arf_run: tuple[Job, list]) -> None:
+    """The exit drain (``ft_plugins.torch.clean_exit``) on the groups the repair rebuilt: the replacement, whose
+    exit once died with gloo's exit race (SIGABRT after training), and the survivors each leave with no process
+    group up (``fixtures/exit_probe``); the rank SIGKILLed never got to exit."""
+    job, calls = arf_run
+    exits = {c["rank"]: (c["pid"], c["dist_initialized"]) for c in calls if c["api"] == "exit"}
+    replacement = re.search(r"rank 1 exited with code -9; replacement pid (\d+) started", job.output)
+    assert replacement and len([c for c in calls if c["api"] == "exit"]) == 4, exits
+    assert {rank: up for rank, (_, up) in exits.items()} == {"0": False, "1": False, "2": False, "3": False}
+    assert exits["1"][0] == int(replacement.group(1))
 
 
 def test_nothing_read_or_dumped_every_step_trained_once(arf_run: tuple[Job, list]) -> None:

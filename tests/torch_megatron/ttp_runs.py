@@ -80,15 +80,18 @@ def slow_disk(write: float, grace: float) -> dict[str, str]:
             "FT_FAKE_SLOW_WRITE": str(write), "FT_FAKE_TORCHRUN_GRACE": str(grace)}
 
 
-def run_with_mindio(workdir: Path, launch: "Launch", *args: str, **env: str) -> tuple[Job, list[dict[str, Any]]]:
-    """``run_supervised`` with MindIO's stand-in on the path (ttp's MindIO engine, ARF on), and the calls it recorded.
+def run_with_mindio(workdir: Path, launch: "Launch", *args: str, probes: tuple[Path, ...] = (),
+                    **env: str) -> tuple[Job, list[dict[str, Any]]]:
+    """``run_supervised`` with MindIO's stand-in on the path (ttp's MindIO engine, ARF on), and the calls it recorded;
+    ``probes``: folders put before it on the path (e.g. ``fixtures/exit_probe``, which records into the same file).
 
     gloo's timeout is 2 minutes (Megatron's default 10): a survivor receiving a message that MindIO's stop cut
     mid-way waits it out (gloo leaves a half-received message's wait to its timeout, and has no abort), and the
     stand-in's controller gives a stopped rank 180 s to leave what it was in, as MindIO's does. On Ascend,
     ``stop_device`` ends HCCL's operations at once."""
     record = workdir / "mindio.jsonl"
-    job = run_supervised(workdir, launch, "--distributed-timeout-minutes", "2", *args, PYTHONPATH=path_first(FAKES),
+    path = os.pathsep.join([*(str(probe) for probe in probes), path_first(FAKES)])
+    job = run_supervised(workdir, launch, "--distributed-timeout-minutes", "2", *args, PYTHONPATH=path,
                          FT_FAKE_RECORD=str(record), TTP_ADDR="127.0.0.1", TTP_PORT=str(free_port()), **env)
     return job, read_records(record)
 

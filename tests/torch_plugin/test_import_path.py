@@ -16,7 +16,7 @@ from support import PYTHON
 # each imported by ``import ft_plugins.torch`` under FT_PLUGINS=auto until they waited for their framework
 HF_GLUE = ("ft_plugins.torch.hf.resume",  # the checkpoint choice, a regular expression compiled at import
            "ft_plugins.torch.hf.rotation",
-           "ft_plugins.torch.hf.accelerate", "ft_plugins.torch.hf.agree", "ft_plugins.torch.hf.clean_exit",
+           "ft_plugins.torch.hf.accelerate", "ft_plugins.torch.hf.agree", "ft_plugins.torch.clean_exit",
            "ft_plugins.faults",  # a frozen dataclass; with it ft_plugins.recovery's named tuples
            "ft_plugins.recovery")  # also imported by the recover feature for one number
 MEGATRON_GLUE = ("ft_plugins.torch.megatron.resume",)

@@ -7,7 +7,7 @@ and the fire drills of ``FT_PLUGINS_INJECT_FAULT`` (:mod:`.drill`); the faults d
 ``ttp`` has seen the step (or the update) begin when a fault fires. The Trainer's own events (step begin / end)
 reach the features through :class:`FaultToleranceCallback`, which every Trainer gets once: added by the
 ``Trainer.__init__`` hook unless the user passed one already. With any feature on, a finished gloo job drains its
-collectives and destroys its process group at exit (:mod:`.clean_exit`).
+collectives and destroys its process group at exit (:mod:`ft_plugins.torch.clean_exit`).
 
 ``import ft_plugins.torch`` runs in every training process, most of which never import transformers: the glue of
 ``resume``, of the fire drills and of the exit (with the checkpoint choice, the store agreement and the fault plans
@@ -29,7 +29,7 @@ from ft_plugins.features.ttp import Ttp
 from ft_plugins.patching import MissingSymbol, Patch, PatchSet
 from ft_plugins.runtime import Runtime
 from ft_plugins.torch.hf import events
-from ft_plugins.torch.hf.targets import MODULES, TRAINER
+from ft_plugins.torch.hf.targets import ACCELERATOR, MODULES, TRAINER
 from ft_plugins.vendors import versions
 
 log = logging.getLogger("ft_plugins.torch")
@@ -79,7 +79,7 @@ class HFIntegration:
         if self.patch_sets:
             self.patch_sets.append(PatchSet("callback", (Patch(TRAINER, "Trainer.__init__", _add_callback),),
                                             self._missing))
-            self._defer("exit", self._clean_exit_parts)
+            self.patch_sets.append(PatchSet("exit", self._clean_exit_patches, self._missing, MODULES))
 
     def _add(self, feature: str, *parts: Any) -> None:
         """``parts`` give ``patches()``; those with Trainer events (``on_step_begin`` ...) listen to them."""
@@ -91,11 +91,12 @@ class HFIntegration:
         must not listen to Trainer events (listeners are known at ``apply``)."""
         self.patch_sets.append(PatchSet(feature, lambda: _patches_of(make_parts()), self._missing, MODULES))
 
-    def _clean_exit_parts(self) -> tuple[Any, ...]:
-        from ft_plugins.torch.hf.clean_exit import CleanExit
+    def _clean_exit_patches(self) -> tuple[Patch, ...]:
+        from ft_plugins.torch.clean_exit import CLEAN_EXIT
 
-        self.clean_exit = CleanExit()
-        return (self.clean_exit,)
+        self.clean_exit = CLEAN_EXIT
+        return (Patch(ACCELERATOR, "Accelerator.__init__", self.clean_exit.ready),
+                Patch(TRAINER, "Trainer.train", self.clean_exit.loop))
 
     def apply(self) -> None:
         events.LISTENERS[:] = self.listeners

@@ -6,18 +6,10 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from typing import Any, Callable
 
 from ft_plugins.faults import RESTART_VAR
-
-
-def distributed() -> Any:
-    """``torch.distributed`` when this process runs in an initialized group of more than one rank, else None."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
-        return None
-    return dist
+from ft_plugins.torch.store import distributed
 
 
 def agree(topic: str, decide: Callable[[], dict[str, Any]]) -> dict[str, Any]:

@@ -7,6 +7,8 @@ ranges), ``load_checkpoint`` / ``save_checkpoint`` (resume: :mod:`.resume`), ``v
 (ttp's replicas: :mod:`.replicas`), the step, the optimizer's update, saves and loads (ttp's
 engines: :mod:`.ttp`; fault drills: :mod:`.drill`), the step, saves and evaluations (hangs' progress
 reports: :mod:`.hangs`), the step, saves and training's start and end (the job's events: :mod:`.recording`).
+With any feature on, a finished gloo job drains its collectives and destroys its process group at exit
+(``train``: :mod:`ft_plugins.torch.clean_exit`).
 MindSpeed-LLM imports these by name from
 megatron; the patcher rebinds those copies too.
 """
@@ -84,6 +86,9 @@ class MegatronIntegration:
             from ft_plugins.torch.megatron.recording import MegatronEvents
 
             self._add("events", *MegatronEvents().patches())
+        self.clean_exit: Any = None
+        if self.patch_sets:  # its glue imported with megatron's training loop, not in every process
+            self.patch_sets.append(PatchSet("exit", self._clean_exit_patches, self._missing, (TRAINING,)))
 
     def _recover(self, ttp: Any) -> None:
         """``recover`` on ttp's engine: the built-in one's protocol, or MindIO's handlers (its step tracker, its
@@ -101,6 +106,13 @@ class MegatronIntegration:
 
         self._add("recover", *MegatronRecovery(recover, ttp).patches())
 
+    def _clean_exit_patches(self) -> tuple[Patch, ...]:
+        from ft_plugins.torch.clean_exit import CLEAN_EXIT
+
+        self.clean_exit = CLEAN_EXIT
+        return (Patch(TRAINING, "train", self.clean_exit.loop),
+                Patch(MINDSPEED_LLM_TRAINING, "train", self.clean_exit.loop, required=False))
+
     def _add(self, feature: str, *patches: Patch) -> None:
         self.patch_sets.append(PatchSet(feature, patches, self._missing))
 
@@ -116,6 +128,8 @@ class MegatronIntegration:
     def remove(self) -> None:
         for patch_set in reversed(self.patch_sets):
             patch_set.remove()
+        if self.clean_exit is not None:
+            self.clean_exit.unregister()
 
     def _missing(self, patch_set: PatchSet, error: MissingSymbol) -> None:
         reason = f"{error} in megatron {megatron_version()}: this layout is not supported ({SUPPORTED})"
