@@ -51,12 +51,21 @@ class Measured:
 def record(save_dir: str, measured: Measured) -> None:
     """Add ``measured`` to the save directory's recent writes; a failure is logged, never raised into training.
     Writers recording at the same moment may drop one another's entry (each rename is whole): one write less."""
-    kept = [*recorded(save_dir), measured][-HISTORY:]
+    _write(save_dir, [*recorded(save_dir), measured][-HISTORY:])
+
+
+def report(directory: str, expected: Measured) -> None:
+    """Put ``expected`` (a dump's size and time, worked out from a save directory's record) in ``directory`` as its
+    only write: the launcher's grace follows it (``FT_PLUGINS_GRACE_FOLLOWS``)."""
+    _write(directory, [expected])
+
+
+def _write(directory: str, writes: list[Measured]) -> None:
     try:
-        with atomic_file(os.path.join(save_dir, RECORD)) as handle:
-            json.dump({"writes": [asdict(write) for write in kept]}, handle)
+        with atomic_file(os.path.join(directory, RECORD)) as handle:
+            json.dump({"writes": [asdict(write) for write in writes]}, handle)
     except OSError as exc:
-        log.debug("grace: cannot record the write speed in %s: %s", save_dir, exc)
+        log.debug("grace: cannot record the write speed in %s: %s", directory, exc)
 
 
 def measured(save_dir: str | None) -> Measured | None:

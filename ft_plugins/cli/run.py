@@ -25,7 +25,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ft_plugins.cli import EXIT_OK, EXIT_USAGE
-    from ft_plugins.config import ConfigError
+    from ft_plugins.config import GRACE_FOLLOWS_VAR, ConfigError
     from ft_plugins.launch import environment, process, shutdown
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -45,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"ft-plugins run: --grace {args.grace:g}: give seconds >= 0, for torchrun or msrun (the launchers "
               "that SIGKILL their workers)", file=sys.stderr)
         return EXIT_USAGE
-    grace = shutdown.plan(command, plan.env, args.grace, msrun)
+    reports = _reports() if msrun and args.grace is None and not args.dry_run else None
+    grace = shutdown.plan(command, plan.env, args.grace, msrun, reports)
     if launched:
         plan.env.update(grace.changes)
         plan.changes.update(grace.changes)
@@ -63,13 +64,25 @@ def run(args: argparse.Namespace) -> int:
         print(shlex.join(command))
         return EXIT_OK
     # msrun leaves its workers running when stopped: supervised; torchrun stops its own (SIGTERM, the grace, SIGKILL)
-    supervised = grace.seconds if msrun else None
+    follows = grace.changes.get(GRACE_FOLLOWS_VAR)
+    supervised = shutdown.Planned(grace.seconds, follows).seconds if msrun else None
     if manager is None:
         if supervised is not None:
             return process.supervise(command, plan.env, supervised)
         return process.exec_command(command, plan.env)
     manager_env = environment.helper_env(plan.env)
     return process.run_beside(command, plan.env, manager, manager_env, supervised)
+
+
+def _reports() -> str:
+    """A directory msrun's workers report what their dump needs to (their grace follows it); removed at exit."""
+    import atexit
+    import shutil
+    import tempfile
+
+    directory = tempfile.mkdtemp(prefix="ft_plugins-grace-")
+    atexit.register(shutil.rmtree, directory, True)
+    return directory
 
 
 # what `run` cannot take as flags: the job id and the counts come from the environment or the launcher's own flags

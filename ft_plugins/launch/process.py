@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Collection, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 from ft_plugins.processes import all_pids, status
 
@@ -38,7 +38,7 @@ def exit_code(returncode: int) -> int:
 
 
 def run_beside(command: Sequence[str], env: Mapping[str, str], companion: Sequence[str],
-               companion_env: Mapping[str, str], grace: float | None = None) -> int:
+               companion_env: Mapping[str, str], grace: Callable[[], float] | None = None) -> int:
     """Start ``companion`` (the manager), then ``command``; forward signals to ``command`` (or, with a
     ``grace``, :func:`supervise` it); when it exits, stop the companion and return the command's exit code."""
     helper = subprocess.Popen(list(companion), env=dict(companion_env))
@@ -63,7 +63,7 @@ def run_beside(command: Sequence[str], env: Mapping[str, str], companion: Sequen
     return exit_code(returncode)
 
 
-def supervise(command: Sequence[str], env: Mapping[str, str], grace: float = GRACE) -> int:
+def supervise(command: Sequence[str], env: Mapping[str, str], grace: Callable[[], float] = lambda: GRACE) -> int:
     """Run ``command`` so that none of its processes outlives this one; its exit code, or 128 + N when
     signal N stopped it.
 
@@ -71,8 +71,9 @@ def supervise(command: Sequence[str], env: Mapping[str, str], grace: float = GRA
     workers): stopped, it leaves them training. Here this process adopts whatever the command orphans
     (a child subreaper), and on SIGTERM, SIGINT or SIGHUP ends the launcher first (it would SIGKILL the
     other workers when one exits), sends SIGTERM to every process left (workers, scheduler: their dying
-    gasp), and SIGKILLs those still running after ``grace`` seconds. Processes the command leaves behind
-    when it exits by itself get the same.
+    gasp), and SIGKILLs those still running after ``grace()`` seconds (asked when they are stopped: a grace
+    may follow what the job's writes recorded since). Processes the command leaves behind when it exits by
+    itself get the same.
     """
     adopt_orphans()
     received: list[int] = []
@@ -91,15 +92,16 @@ def supervise(command: Sequence[str], env: Mapping[str, str], grace: float = GRA
                 returncode = child.wait(_POLL)
             except subprocess.TimeoutExpired:
                 pass
+        seconds = grace()
         if received:
             print(f"ft-plugins run: {signal.Signals(received[0]).name}: stopping {command[0]} and every process "
-                  f"it started (SIGTERM, SIGKILL after {grace:g} s)", file=sys.stderr)
+                  f"it started (SIGTERM, SIGKILL after {seconds:g} s)", file=sys.stderr)
             child.send_signal(signal.SIGTERM)  # the launcher first: it must not SIGKILL the workers mid-gasp
             try:
-                child.wait(min(grace, 1.0))
+                child.wait(min(seconds, 1.0))
             except subprocess.TimeoutExpired:
                 pass
-        _end_all(grace, child.pid)
+        _end_all(seconds, child.pid)
         if child.poll() is None:
             child.kill()
         returncode = child.wait()

@@ -10,7 +10,8 @@ estimated again at each close, from what the job's saves recorded since its star
 nothing measured, and its first periodic save is what the estimate then needs. msrun gives no grace at
 all: when a worker failed it SIGKILLs every other worker's process group at its next poll, 0 to 1 s after
 the death (``_ProcessManager.kill_worker_processes``); in the msrun process that kill becomes SIGTERM to
-the same groups, the grace, then msrun's SIGKILL.
+the same groups, the grace, then msrun's SIGKILL. A grace not given follows what the MindSpore workers
+report after each save in a directory of this launch (:meth:`ft_plugins.mindspore.speed.WriteSpeed.warn`).
 """
 
 from __future__ import annotations
@@ -40,20 +41,26 @@ class Grace:
     warning: str | None = None
 
 
-def plan(command: Sequence[str], env: Mapping[str, str], asked: float | None, msrun: bool) -> Grace:
-    """The grace for ``command`` (``asked``: ``--grace``), from the write its ``--save`` directory recorded."""
-    save_dir = estimates.save_dir_of(command)
+def plan(command: Sequence[str], env: Mapping[str, str], asked: float | None, msrun: bool,
+         reports: str | None = None) -> Grace:
+    """The grace for ``command`` (``asked``: ``--grace``), from the write its ``--save`` directory recorded; for
+    msrun from what its workers report in ``reports`` (an empty directory of this launch's: a MindSpore job
+    names no save directory on its command line, and its dump writes every rank's file)."""
+    save_dir = reports if msrun else estimates.save_dir_of(command)
     found = estimates.measured(save_dir)
     given = asked if asked is not None or msrun else estimates.shutdown_given(command, env)
     default = GRACE if msrun else estimates.TORCHRUN_GRACE
     seconds = given if given is not None else estimates.grace_for(found, default)
     changes = {estimates.GRACE_VAR: f"{seconds:g}"}
+    if given is None and save_dir:
+        changes[estimates.GRACE_FOLLOWS_VAR] = save_dir
     if not msrun and given is None:
         changes[estimates.SHUTDOWN_VAR] = str(int(seconds))
-        if save_dir:
-            changes[estimates.GRACE_FOLLOWS_VAR] = save_dir
     if found is not None:
         what = estimates.describe(found)
+    elif msrun:
+        what = ("what a dump needs is reported by the workers after a save"
+                f"{', and raises the grace to it' if save_dir else ''}")
     elif save_dir:
         what = (f"no write measured yet in {save_dir} (its first periodic save or dump records one"
                 f"{'' if msrun or given is not None else ', and raises the grace to what it needs'})")
@@ -128,7 +135,9 @@ class Planned:
         groups = [group for group in map(_group, running) if group is not None]
         if groups:
             seconds = self.seconds()
-            log.warning("msrun stops the other workers: SIGTERM, SIGKILL after %g s for their dying gasp", seconds)
+            found = estimates.measured(self.follows)
+            log.warning("msrun stops the other workers: SIGTERM, SIGKILL after %g s for their dying gasp%s", seconds,
+                        f" ({estimates.describe(found)})" if found is not None else "")
             _signal_groups(groups, signal.SIGTERM)
             wait_gone(running, seconds)
         result = wrapped(*args, **kwargs)

@@ -5,8 +5,9 @@ process group at once: no SIGTERM, no handler runs (``join_processes`` in MindSp
 ``parallel/cluster/process_entity/_api.py``). The dump (:mod:`.dump`) is written by a watcher thread the moment
 it sees a peer gone, from the host copy of the last completed step, so it has what is left of that second.
 Under ``ft-plugins run -- msrun`` that kill is SIGTERM first, then the run's grace (:mod:`ft_plugins.launch.shutdown`).
-Every regular save's and every dump's write is recorded in the save root (:mod:`ft_plugins.grace`); rank 0 says
-once, after its first step or a save, when a dump of every rank's file at that speed needs longer than it gets.
+Every regular save's and every dump's write is recorded in the save root (:mod:`ft_plugins.grace`). After its first
+step and each save, what a dump of every rank's file at that speed needs is reported to ``ft-plugins run``, whose
+grace follows it; without one, rank 0 says once when the dump needs longer than it gets.
 """
 
 from __future__ import annotations
@@ -58,19 +59,26 @@ class WriteSpeed:
         self.pending = True
 
     def warn(self, files: int, state_bytes: int) -> None:
-        """Rank 0, once: the dump of ``files`` files (every rank's, as a survivor may write them), each holding
-        ``state_bytes`` of parameters, at the recorded speed needs longer than msrun gives. A file is counted as
-        large as this rank's last save file when that is larger (the format's own bytes, in a small state)."""
-        if self.said or not self.pending:
+        """After a recorded write: the dump of ``files`` files (every rank's, as a survivor may write them), each
+        holding ``state_bytes`` of parameters, at the recorded speed, reported to ``ft-plugins run`` where the
+        grace follows it (``FT_PLUGINS_GRACE_FOLLOWS``), else said once by rank 0 when it needs longer than msrun
+        gives. A file is counted as large as this rank's last save file when that is larger (the format's own
+        bytes, in a small state)."""
+        if not self.pending:
             return
         dump_bytes = files * max(state_bytes, self.file_bytes)
         self.pending = False
-        found = grace.measured(self.root) if is_rank_zero() and under_msrun() else None
+        follows = os.environ.get(grace.GRACE_FOLLOWS_VAR)
+        found = grace.measured(self.root) if (follows or is_rank_zero()) and under_msrun() else None
         if found is None:
             return
         seconds = grace.estimate(dump_bytes, found.speed, fixed=0.0)
+        if follows:
+            grace.report(follows, grace.Measured(dump_bytes, dump_bytes / found.speed,
+                                                 f"{found.what}, for a dump of {files} file{'s' * (files > 1)}"))
+            return
         given, whose, fix = launcher_grace(os.environ)
-        if seconds > given:
+        if not self.said and seconds > given:
             self.said = True
             log.warning("ttp: a dump needs about %.1f s (%s, every rank's file, at %s, measured on the %s), longer "
                         "than %s: it would be cut short and the steps since the last save lost; %s", seconds,

@@ -127,6 +127,30 @@ def test_a_grace_not_given_follows_the_writes_the_job_records_after_its_start(tm
     assert "longer than ft-plugins run's grace of 30 s" in grace.warn_if_short(str(save), {grace.GRACE_VAR: "30"})
 
 
+def test_msrun_s_grace_follows_what_its_workers_report_in_a_directory_of_the_launch(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A MindSpore job names no save directory: ``ft-plugins run`` gives its workers an empty directory to report
+    what their dump needs (every rank's file at their saves' speed); msrun's kill of the workers, and the run's own
+    stop, wait for that, never under msrun's planned 20 s. A given ``--grace`` is followed by nothing."""
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    command = ["msrun", "--worker_num", "8", "--local_worker_num", "8", "train.py"]
+    planned = shutdown.plan(command, {}, None, msrun=True, reports=str(reports))
+    assert planned.seconds == 20.0 and planned.changes == {grace.GRACE_VAR: "20",
+                                                           grace.GRACE_FOLLOWS_VAR: str(reports)}
+    assert planned.line == ("dying gasp: what a dump needs is reported by the workers after a save, and raises the "
+                            "grace to it; the workers get 20 s after SIGTERM before SIGKILL")
+    given = shutdown.plan(command, {}, 5.0, msrun=True)
+    assert given.changes == {grace.GRACE_VAR: "5"} and "raises the grace" not in given.line
+    following = shutdown.Planned(planned.seconds, planned.changes[grace.GRACE_FOLLOWS_VAR])
+    assert following.seconds() == 20.0
+    _recorded(reports, SLOW)
+    with caplog.at_level("WARNING", logger="ft_plugins.launch"):
+        assert following.seconds() == 65.0
+    assert [record.getMessage() for record in caplog.records] == [
+        f"dying gasp: {grace.describe(SLOW)}; the workers get 65 s after SIGTERM before SIGKILL"]
+
+
 def test_the_command_line_is_read_as_argparse_reads_it() -> None:
     """The last ``--save`` and the last shutdown flag win, in either spelling, as with argparse."""
     command = [TORCHRUN, "--shutdown_timeout=12", "train.py", "--save", "/a", "--save=/b"]

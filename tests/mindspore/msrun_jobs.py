@@ -77,9 +77,10 @@ def job_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def ft_run(grace: float) -> tuple[str, ...]:
-    """``ft-plugins run`` before the launcher, giving the workers ``grace`` seconds before SIGKILL."""
-    return (PYTHON, "-m", "ft_plugins.cli", "run", "--grace", f"{grace:g}", "--")
+def ft_run(grace: float | None) -> tuple[str, ...]:
+    """``ft-plugins run`` before the launcher, giving the workers ``grace`` seconds before SIGKILL (None: the grace
+    it plans, which follows what the workers report their dump needs)."""
+    return (PYTHON, "-m", "ft_plugins.cli", "run", *(("--grace", f"{grace:g}") if grace is not None else ()), "--")
 
 
 def msrun_command(job: Job, program: tuple[str, ...], launcher: tuple[str, ...] = (),

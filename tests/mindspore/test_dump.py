@@ -280,13 +280,15 @@ def test_a_step_is_completed_before_any_callback_step_end_runs(no_tft: Any, tiny
     assert "on_train_step_end" not in vars(slow.first)
 
 
-@pytest.mark.parametrize("slow", [0.8, 0.0])
+@pytest.mark.parametrize("slow, follows", [(0.8, False), (0.0, False), (0.8, True)])
 def test_rank_0_says_once_when_a_dump_at_the_saves_speed_would_outlast_msruns_second(
         no_tft: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
-        slow: float) -> None:
+        slow: float, follows: bool) -> None:
     """msrun SIGKILLs every worker within a second of one's death. Each ModelCheckpoint save is recorded
     (``ft_write_speed.json``); slowed by 0.8 s (a slow file system), a dump of the same state at that speed needs
-    about 1.2 s, and rank 0 says so once; at full speed nothing is said."""
+    about 1.2 s, and rank 0 says so once; at full speed nothing is said. Under ``ft-plugins run`` without
+    ``--grace`` (``FT_PLUGINS_GRACE_FOLLOWS``), what the dump needs is reported there after each save instead,
+    for the launcher's grace to follow, and nothing is said."""
     import mindspore
     import mindspore.dataset as ds
     import mindspore.train.callback._checkpoint as checkpointing
@@ -304,6 +306,10 @@ def test_rank_0_says_once_when_a_dump_at_the_saves_speed_would_outlast_msruns_se
 
     monkeypatch.setattr(checkpointing, "save_checkpoint", slowed)
     monkeypatch.setattr(speed, "under_msrun", lambda: True)
+    reports = tmp_path / "reports"
+    if follows:
+        reports.mkdir()
+        monkeypatch.setenv(grace.GRACE_FOLLOWS_VAR, str(reports))
     mindspore.set_seed(1)
     network = nn.Dense(256, 256)  # 0.5 MB of weights and momentum: a write, not a file's fixed overhead
     model = Model(network, loss_fn=nn.MSELoss(),
@@ -317,8 +323,13 @@ def test_rank_0_says_once_when_a_dump_at_the_saves_speed_would_outlast_msruns_se
     assert last.what == "save wide-1_4.ckpt"
     assert last.written == (tmp_path / "wide-1_4.ckpt").stat().st_size
     said = [record.getMessage() for record in caplog.records if "longer than msrun's grace" in record.getMessage()]
-    assert len(said) == (1 if slow else 0), said
-    if slow:
+    assert len(said) == (1 if slow and not follows else 0), said
+    reported = grace.recorded(str(reports)) if follows else []
+    assert [write.what for write in reported] == (["save wide-1_2.ckpt, for a dump of 1 file"] if follows else [])
+    if follows:  # after the save of step 2 (step 4's comes after training's last look): the state at its speed
+        assert reported[0].speed == pytest.approx(grace.recorded(str(tmp_path))[0].speed)
+        assert reported[0].written >= grace.recorded(str(tmp_path))[0].written
+    if said:
         assert said[0].startswith("ttp: a dump needs about 1.") and "measured on the save wide-1_2.ckpt" in said[0]
     assert "on_train_step_end" not in vars(checkpoint), "the timing comes off after training"
 

@@ -12,10 +12,8 @@ folder on a job's ``PYTHONPATH``.
 
 from __future__ import annotations
 
-import importlib.machinery
 import importlib.util
 import os
-import sys
 import time
 
 import wrapt
@@ -61,15 +59,12 @@ if "FT_FAKE_TORCHRUN_GRACE" in os.environ:
 
 
 def _run_the_shadowed_sitecustomize() -> None:
-    """Python imports one ``sitecustomize``: the next one on the path after this folder (a side install's, e.g.
-    megatron-core 0.19's shim) runs too, as it would without this folder. Only later entries are searched: an
-    earlier one (``ft-plugins run``'s bootstrap) chain-loaded this one."""
+    """The next ``sitecustomize`` on the path after this folder runs too (``tests/fakes/site_chain.py``)."""
     here = os.path.dirname(os.path.abspath(__file__))
-    entries = [os.path.abspath(entry or os.curdir) for entry in sys.path]
-    later = sys.path[entries.index(here) + 1:] if here in entries else sys.path
-    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", later)
-    if spec is not None and spec.loader is not None:
-        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    spec = importlib.util.spec_from_file_location("site_chain", os.path.join(os.path.dirname(here), "site_chain.py"))
+    chain = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(chain)
+    chain.run_the_shadowed_sitecustomize(here)
 
 
 _run_the_shadowed_sitecustomize()
