@@ -155,7 +155,7 @@ def test_a_crash_between_saves_loses_no_step_with_ttp(dumped: Job) -> None:
     assert dumped.steps(0)[-1] == KILLED_AFTER  # rank 0 ended step 14 too, then hung in step 15's AllReduce
     stop = [line for line in dumped.stdout.splitlines() if "msrun stops the other workers" in line]
     assert len(stop) == 1 and f"SIGTERM, SIGKILL after {GRACE} s for their dying gasp (a dump needs about " in stop[0]
-    assert re.search(r"measured on the save net-1_(4|8|12)\.ckpt(, the slowest of the [23] writes recorded)?, for a "
+    assert re.search(r"measured on the save net-\d+_\d+\.ckpt(, the slowest of the \d+ writes recorded)?, for a "
                      r"dump of 2 files\)\)$", stop[0]), stop
     written = re.search(r"exited: dying-gasp checkpoint of step 14 written in ([0-9.]+) s", dumped.log(0))
     assert written and float(written.group(1)) >= WORKERS * SLOW_DUMP, dumped.log(0)[-3000:]
