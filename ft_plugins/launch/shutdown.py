@@ -63,7 +63,7 @@ def plan(command: Sequence[str], env: Mapping[str, str], asked: float | None, ms
                 f"{', and raises the grace to it' if save_dir else ''}")
     elif save_dir:
         what = (f"no write measured yet in {save_dir} (its first periodic save or dump records one"
-                f"{'' if msrun or given is not None else ', and raises the grace to what it needs'})")
+                f"{'' if given is not None else ', and raises the grace to what it needs'})")
     else:
         what = "no --save directory in the command: no write measured"
     line = f"dying gasp: {what}; the workers get {seconds:g} s after SIGTERM before SIGKILL"

@@ -72,11 +72,11 @@ class WriteSpeed:
         found = grace.measured(self.root) if (follows or is_rank_zero()) and under_msrun() else None
         if found is None:
             return
-        seconds = grace.estimate(dump_bytes, found.speed, fixed=0.0)
         if follows:
             grace.report(follows, grace.Measured(dump_bytes, dump_bytes / found.speed,
                                                  f"{found.what}, for a dump of {files} file{'s' * (files > 1)}"))
             return
+        seconds = grace.estimate(dump_bytes, found.speed, fixed=0.0)
         given, whose, fix = launcher_grace(os.environ)
         if not self.said and seconds > given:
             self.said = True
