@@ -10,12 +10,14 @@ alternating which writer goes first:
   save  ``megatron.training.checkpointing.save_checkpoint`` (``--ckpt-format torch``)
 Phases, timed inside the real calls: state (``generate_state_dict``; on a GPU the device-to-host copy is
 torch.save's, inside serialization), serialization (the archive's writer minus its records' writes), write (the
-zip records with their CRC-32s: ``torch.save`` computes each before writing the record, the dump's writer,
-``ft_plugins/torch/saving.py``, beside the writes, and fills them in after), fsync, commit (the rest: renames,
-part record, manifest, tracker, barriers).
-Megatron's save does not fsync: the benchmark fsyncs its files afterwards ("fsync after") and prints the
-ratio against the save alone and against save + fsync. Each writer's figures are those of its fastest round
-(the least disturbed, as timeit reports), the slowest rank's. Every file written is removed.
+zip records with their CRC-32s: ``torch.save`` computes each with miniz before writing the record, the dump's
+writer, ``ft_plugins/torch/saving.py``, with zlib-ng, and fills them in after), commit (the rest up to the commit:
+renames, part record, manifest, tracker, barriers), sync (the dump's wait for its file system after the commit).
+The race a dump runs is against the launcher's SIGKILL, which what a process wrote survives in the page cache:
+"dump/save" is the dump up to its commit against Megatron's save, which leaves its files there too. Megatron's
+save does not sync: the benchmark fsyncs its files afterwards ("fsync after"), and "dump/(save+fsync)" is the
+whole dump, sync included, against save + fsync. Each writer's figures are those of its fastest round (the least
+disturbed, as timeit reports), the slowest rank's. Every file written is removed.
 
     python benchmarks/bench_dump_size.py [--sizes 0.1,0.5,2] [--ranks 1,2] [--rounds 5] [--dir /tmp]
 """
@@ -37,7 +39,7 @@ from typing import Any, Callable
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "megatron_gpt"
 LAYERS = 2
 BYTES_PER_PARAMETER = 14  # bf16 weight, fp32 master, two fp32 Adam moments
-PHASES = ("state", "serialize", "write", "fsync", "commit")
+PHASES = ("state", "serialize", "write", "commit", "sync")
 
 
 class Phases:
@@ -132,6 +134,7 @@ def worker(options: argparse.Namespace) -> None:
 
     from ft_plugins.steps import FORWARD, Frozen
     from ft_plugins.torch import saving
+    from ft_plugins.torch.megatron import dump as dump_module
     from ft_plugins.torch.megatron.dump import MegatronDump, MegatronStep
 
     phases = Phases()
@@ -139,9 +142,9 @@ def worker(options: argparse.Namespace) -> None:
     phases.wrap(torch, "save", "archive")
     phases.wrap(saving, "save", "archive")
     phases.wrap_zip_writer(torch.serialization)
-    for owner, name in ((saving._Recorded, "write_record"), (saving._Checksums, "results"), (saving, "fill_in_crcs")):
+    for owner, name in ((saving._Recorded, "write_record"), (saving, "fill_in_crcs")):
         phases.wrap(owner, name, "write")
-    phases.wrap(os, "fsync", "fsync")
+    phases.wrap(dump_module, "sync_file_system", "sync")
     rng = checkpointing.get_rng_state("torch", None, None)
     parsed = get_args()
     rank = dist.get_rank()
@@ -204,14 +207,23 @@ class _Feature:
         self.saves: list[str] = []
 
 
-def _fastest(results: list[dict[str, Any]], name: str, after: str = "") -> dict[str, float]:
-    """The writer's least-disturbed round (as timeit reports) by its total (plus ``after``), split by phase;
-    "commit" is what the total leaves after the timed phases."""
-    spent = dict(min((result[name] for result in results), key=lambda r: r["total"] + r.get(after, 0.0)))
+def _fastest(results: list[dict[str, Any]], name: str, by: Callable[[dict[str, float]], float]) -> dict[str, float]:
+    """The writer's least-disturbed round (as timeit reports) by ``by`` of its figures, split by phase; "commit" is
+    what the total leaves after the timed phases, "committed" the total without the sync after the commit."""
+    spent = dict(min((result[name] for result in results), key=by))
     spent["serialize"] = spent.get("archive", 0.0) - spent.get("write", 0.0)
-    timed = spent.get("state", 0.0) + spent.get("archive", 0.0) + spent.get("fsync", 0.0)
+    timed = spent.get("state", 0.0) + spent.get("archive", 0.0) + spent.get("sync", 0.0)
     spent["commit"] = max(0.0, spent["total"] - timed)
-    return {key: spent.get(key, 0.0) for key in (*PHASES, "total", "fsync after", "bytes")}
+    spent["committed"] = spent["total"] - spent.get("sync", 0.0)
+    return {key: spent.get(key, 0.0) for key in (*PHASES, "committed", "total", "fsync after", "bytes")}
+
+
+def _committed(figures: dict[str, float]) -> float:
+    return figures["total"] - figures.get("sync", 0.0)
+
+
+def _on_disk(figures: dict[str, float]) -> float:
+    return figures["total"] + figures.get("fsync after", 0.0)
 
 
 def _run(size: float, ranks: int, rounds: int, root: str) -> list[dict[str, Any]]:
@@ -244,20 +256,20 @@ def main() -> None:
         worker(options)
         return
     print(f"{'ranks':>5} {'GB/rank':>7} {'writer':>6} " + " ".join(f"{p:>9}" for p in PHASES)
-          + f" {'total':>7} {'+fsync':>7}   dump/save  dump/(save+fsync)")
+          + f" {'committed':>9} {'total':>7} {'+fsync':>7}   dump/save  dump/(save+fsync)")
     for ranks in (int(r) for r in options.ranks.split(",")):
         for size in (float(s) for s in options.sizes.split(",")):
             results = _run(size, ranks, options.rounds, options.dir)
-            dump, save = _fastest(results, "dump"), _fastest(results, "save")
-            saved_synced = _fastest(results, "save", "fsync after")
-            saved_synced = saved_synced["total"] + saved_synced["fsync after"]
+            dump, save = _fastest(results, "dump", _committed), _fastest(results, "save", _committed)
+            dump_synced = _on_disk(_fastest(results, "dump", _on_disk))
+            saved_synced = _on_disk(_fastest(results, "save", _on_disk))
             for name, split in (("dump", dump), ("save", save)):
-                row = " ".join(f"{split[p]:9.2f}" for p in PHASES)
-                after = f"{saved_synced:7.2f}" if name == "save" else " " * 7
-                ratios = (f"   {dump['total'] / save['total']:9.2f}  {dump['total'] / saved_synced:16.2f}"
+                row = " ".join(f"{split[p]:9.3f}" for p in PHASES)
+                after = f"{saved_synced:7.3f}" if name == "save" else " " * 7
+                ratios = (f"   {dump['committed'] / save['total']:9.2f}  {dump_synced / saved_synced:16.2f}"
                           if name == "dump" else "")
-                print(f"{ranks:5d} {split['bytes'] / 1e9:7.2f} {name:>6} {row} {split['total']:7.2f} {after}{ratios}",
-                      flush=True)
+                print(f"{ranks:5d} {split['bytes'] / 1e9:7.2f} {name:>6} {row} {split['committed']:9.3f} "
+                      f"{split['total']:7.3f} {after}{ratios}", flush=True)
 
 
 if __name__ == "__main__":

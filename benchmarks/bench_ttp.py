@@ -6,8 +6,8 @@ Two runs of ``examples/megatron_gpt/pretrain_gpt.py`` with the same seed and the
         injected into the last step, so the same process also writes and commits a dump
 Rounds alternate the two, so machine noise hits both alike. Prints the median time per iteration
 (after warm-up, before the save and the fault) of each, the fastest round's, and their ratio; and
-the dump's time (from SIGTERM to the part and its record fsynced on disk) against Megatron's own
-``save-checkpoint`` time of the same state in the same run (which does not fsync).
+the dump's time (from SIGTERM to the part and its record written; neither Megatron's save nor the dump before its
+commit syncs) against Megatron's own ``save-checkpoint`` time of the same state in the same run.
 
     python benchmarks/bench_ttp.py [--iters 60] [--rounds 3]
 """
@@ -68,7 +68,7 @@ def main() -> None:
         print("no save or dump timing found in the ttp runs' logs")
         return
     dump_ms, save_ms = min(dumps)
-    print(f"dump {dump_ms:.0f} ms (SIGTERM to part + record fsynced) vs save_checkpoint {save_ms:.0f} ms: "
+    print(f"dump {dump_ms:.0f} ms (SIGTERM to part + record written) vs save_checkpoint {save_ms:.0f} ms: "
           f"{dump_ms / save_ms:.2f}x (fastest of {len(dumps)})")
 
 

@@ -3,10 +3,9 @@
 A dump of iteration K is written by the survivors, one writer per shard, into
 ``<save>/iter_{K:07d}_tmp/<shard>/<file>`` (the shard directories Megatron names, e.g. ``mp_rank_00``).
 Each writer writes its files in a staging folder of its own under their final names (``torch.save`` names its
-archive after the file, so a dump's file is Megatron's save's byte for byte), handed to the disk while written
-(:mod:`.writeback`), fsyncs and moves them into place, then writes the part record ``<shard>/ft_part.json``
-(which shard, which K, every shard of the run, who wrote it, which files): a part without a record is one whose
-writer was killed mid-write.
+archive after the file, so a dump's file is Megatron's save's byte for byte), moves them into place, then writes
+the part record ``<shard>/ft_part.json`` (which shard, which K, every shard of the run, who wrote it, which files):
+a part without a record is one whose writer was killed mid-write.
 
 Commit (:func:`commit_dump`) = coverage check (every shard of the run has a part, every part is of
 K) + rename to ``iter_{K:07d}`` + commit manifest + atomic tracker update. It is idempotent and
@@ -14,6 +13,13 @@ needs no coordinator: every writer tries it after writing its part, so the last 
 commits, and :func:`complete_pending` finishes an interrupted commit at the next start-up. A dump
 is never committed over an existing ``iter_{K:07d}`` (a periodic save of K, maybe half-written).
 Framework-neutral: the caller supplies the function that writes a shard's file.
+
+The dump races the launcher's SIGKILL, and what a killed process wrote stays in the kernel, which writes it back:
+so the part and its commit are written without an fsync (as Megatron's own save, which never syncs), and only then
+does each writer wait for its file system to have it all on disk (:func:`.atomic.sync_file_system`), the one wait a
+node's crash needs. A SIGKILL during that wait loses nothing; a node that crashes before it ends may hold a
+committed dump whose data never reached its disk, which ``resume`` judges by its manifest's sizes and samples and
+passes over for the newest intact checkpoint.
 """
 
 from __future__ import annotations
@@ -28,7 +34,6 @@ from ft_plugins.checkpoint.atomic import atomic_file, fsync_directory
 from ft_plugins.checkpoint.errors import ManifestError
 from ft_plugins.checkpoint.manifest import MANIFEST, write_manifest
 from ft_plugins.checkpoint.naming import ITERATION_DIR, advance_tracker, dump_dir, iteration_dir, tracker_iteration
-from ft_plugins.checkpoint.writeback import handed_to_disk
 
 PART_RECORD = "ft_part.json"
 STAGING_PREFIX = ".ft_partial-"  # + the writer's rank: its files while written, in the shard directory
@@ -58,10 +63,10 @@ class Outcome:
 def write_part(save_dir: str, part: Part, writes: Mapping[str, Callable[[str], None]]) -> int:
     """Write one shard's files of the dump of ``part.iteration`` (``{filename: write(path)}``), then its record.
 
-    Each file appears under its final name only once complete and on disk; the record, naming
-    them, after the last. Several writers of the same shard are harmless (each renames whole files
-    over the other's). Returns the bytes written, counted before the record: once it is there, a peer may
-    commit the dump and its directory moves.
+    Each file appears under its final name only once complete; the record, naming them, after the last; none is
+    synced (:func:`.atomic.sync_file_system` follows the commit). Several writers of the same shard are harmless
+    (each renames whole files over the other's). Returns the bytes written, counted before the record: once it is
+    there, a peer may commit the dump and its directory moves.
     """
     directory = os.path.join(dump_dir(save_dir, part.iteration), part.shard)
     staging = os.path.join(directory, f"{STAGING_PREFIX}{part.writer}")
@@ -70,14 +75,11 @@ def write_part(save_dir: str, part: Part, writes: Mapping[str, Callable[[str], N
     for filename, write in writes.items():
         target = os.path.join(directory, filename)
         temporary = os.path.join(staging, filename)  # the final name: torch.save names its archive after the file
-        with handed_to_disk(temporary):  # on its way to the disk while written: the fsync waits for the tail
-            write(temporary)
-        with open(temporary, "rb+") as handle:
-            os.fsync(handle.fileno())
-            written += os.fstat(handle.fileno()).st_size
+        write(temporary)
+        written += os.path.getsize(temporary)
         os.replace(temporary, target)
     shutil.rmtree(staging, ignore_errors=True)  # with what an earlier attempt of this writer, killed, left there
-    with atomic_file(os.path.join(directory, PART_RECORD), sync_directory=True) as handle:
+    with atomic_file(os.path.join(directory, PART_RECORD), durable=False) as handle:
         json.dump({**asdict(part), "files": list(writes)}, handle)
     return written
 
@@ -155,8 +157,9 @@ def pending_reason(directory: str) -> str:
     return "dying-gasp dump complete but not committed yet (ttp commits it at the next start-up)"
 
 
-def commit_dump(save_dir: str, iteration: int) -> Outcome:
-    """Commit the dump of ``iteration`` if it is complete; idempotent and safe to run from several ranks."""
+def commit_dump(save_dir: str, iteration: int, durable: bool = True) -> Outcome:
+    """Commit the dump of ``iteration`` if it is complete; idempotent and safe to run from several ranks.
+    ``durable=False``: no fsync (the dying gasp's commit, :func:`.atomic.sync_file_system` after it)."""
     final, temporary = iteration_dir(save_dir, iteration), dump_dir(save_dir, iteration)
     if os.path.isdir(temporary):
         problems = dump_problems(temporary)
@@ -167,7 +170,8 @@ def commit_dump(save_dir: str, iteration: int) -> Outcome:
         except OSError:
             if os.path.isdir(temporary) or not os.path.isdir(final):
                 raise
-        fsync_directory(save_dir)
+        if durable:
+            fsync_directory(save_dir)
     if not os.path.isdir(final):
         return Outcome(iteration, False, temporary, ["no dump of this iteration"])
     if not os.path.exists(os.path.join(final, MANIFEST)):
@@ -175,10 +179,10 @@ def commit_dump(save_dir: str, iteration: int) -> Outcome:
         if problems:
             return Outcome(iteration, False, final, problems)
         try:
-            write_manifest(final, info={"dump": True, "iteration": iteration})
+            write_manifest(final, info={"dump": True, "iteration": iteration}, durable=durable)
         except ManifestError as exc:
             return Outcome(iteration, False, final, [str(exc)])
-    advance_tracker(save_dir, iteration)
+    advance_tracker(save_dir, iteration, durable=durable)
     return Outcome(iteration, True, final)
 
 

@@ -79,11 +79,12 @@ def _all_files(base: str) -> list[str]:
 
 
 def write_manifest(checkpoint_dir: str, files: Iterable[str] | None = None, *, name: str = MANIFEST,
-                   full: bool = False, info: Mapping[str, Any] | None = None) -> str:
+                   full: bool = False, info: Mapping[str, Any] | None = None, durable: bool = True) -> str:
     """Commit a finished save: record size and digest of ``files`` (paths relative to ``checkpoint_dir``,
     default every file under it) in ``checkpoint_dir/name``, atomically. Returns the manifest's path.
 
-    ``full`` adds a SHA-256 of every file (reads all data; deep verification then compares it).
+    ``full`` adds a SHA-256 of every file (reads all data; deep verification then compares it). ``durable``:
+    see :func:`.atomic.atomic_file`.
     Call it once, on one rank, after all ranks finished writing (e.g. after the save's barrier).
     """
     base = os.fspath(checkpoint_dir)
@@ -102,7 +103,7 @@ def write_manifest(checkpoint_dir: str, files: Iterable[str] | None = None, *, n
     if not entries:
         raise ManifestError(f"cannot commit {base}: it holds no files")
     target = os.path.join(base, name)
-    with atomic_file(target) as handle:
+    with atomic_file(target, durable=durable) as handle:
         json.dump({"version": VERSION, "files": entries, "info": dict(info or {})}, handle, indent=1)
     return target
 

@@ -67,9 +67,10 @@ def tracker_iteration(save_dir: str) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def advance_tracker(save_dir: str, iteration: int) -> None:
-    """Point the tracker at ``iteration`` unless it already names a newer one; atomic (write, rename)."""
+def advance_tracker(save_dir: str, iteration: int, durable: bool = True) -> None:
+    """Point the tracker at ``iteration`` unless it already names a newer one; atomic (write, rename), and on disk
+    unless not ``durable`` (see :func:`.atomic.atomic_file`)."""
     current = tracker_iteration(save_dir)
     if current is None or current < iteration:
-        with atomic_file(os.path.join(save_dir, TRACKER), sync_directory=True) as handle:
+        with atomic_file(os.path.join(save_dir, TRACKER), sync_directory=True, durable=durable) as handle:
             handle.write(str(iteration))

@@ -19,8 +19,9 @@ its update is, not when the callbacks listed before ours (a logger, a ``ModelChe
 
 The copy is written as every rank's next regular checkpoint, ``rank_N/<prefix>-<epoch>_<step>.ckpt``
 named as the run's ``ModelCheckpoint`` names its own, each file through a temporary name and a
-rename, then committed with its manifest, so resume takes it like any save. Data parallel keeps one
-replica per rank, so one survivor can write every rank's file: each file is claimed first
+rename, then committed with its manifest, so resume takes it like any save; the file system is synced once all
+are, as the Megatron dump does (:mod:`ft_plugins.checkpoint.dump`): a SIGKILL during that wait loses nothing.
+Data parallel keeps one replica per rank, so one survivor can write every rank's file: each file is claimed first
 (``O_EXCL``), so every file has one writer. A file already there (a regular save of that step) is
 left alone. Layouts without a replica of every rank (model or optimizer parallel, sink size > 1) are
 refused before the first step by :class:`ft_plugins.mindspore.ttp.TtpCallback`. Each dump's write, and each
@@ -41,6 +42,7 @@ import time
 from collections import deque
 from typing import Any, Callable, NamedTuple
 
+from ft_plugins.checkpoint.atomic import sync_file_system
 from ft_plugins.features.resume import Resume
 from ft_plugins.features.ttp import Ttp
 from ft_plugins.logs import exit_now
@@ -232,6 +234,7 @@ class DumpEngine:
             recording.dumped(snapshot.step, seconds)
             log.warning("ttp: %s: dying-gasp checkpoint of step %d written in %.3f s: %s", reason, snapshot.step,
                         seconds, ", ".join(written))
+            sync_file_system(target.directory)  # against a crash of the node; a SIGKILL from here on loses nothing
             return written
 
     def _write(self, snapshot: Snapshot, target: Target, rank: int | None) -> str | None:
@@ -267,8 +270,6 @@ class DumpEngine:
             partial = os.path.join(staging, os.path.basename(path))
             mindspore.save_checkpoint([{"name": name, "data": mindspore.Tensor(array)}
                                        for name, array in snapshot.parameters], partial, append_dict=append or None)
-            with open(partial, "rb") as handle:
-                os.fsync(handle.fileno())
             os.replace(partial, path)
         finally:
             shutil.rmtree(staging, ignore_errors=True)

@@ -162,13 +162,30 @@ def test_a_dump_killed_mid_write_without_a_periodic_save_never_stops_the_relaunc
     grace.record(str(workdir / "ckpt"), grace.Measured(17 * 10**9, 40.0, "save of iteration 100"))
     relaunch = run_job(workdir, "--load", str(workdir / "ckpt"), *FAR, length=("--train-iters", "1"), **TTP)
     assert relaunch.returncode == 0, relaunch.output[-3000:]
-    assert relaunch.lines(f"holds no checkpoint, only saves that never finished (iter_0000003_tmp); starting as "
+    assert relaunch.lines("holds no checkpoint, only saves that never finished (iter_0000003_tmp); starting as "
                           "the job would without one"), relaunch.output[-3000:]
     assert relaunch.lines(f"iter_0000003_tmp: {CUT_SHORT}")
     assert relaunch.lines("iteration        1/       1")
     assert not relaunch.lines("NoIntactCheckpoint")
     assert len(relaunch.lines("ttp: a dump needs about 65 s (17.00 GB by its largest writer at 425 MB/s, measured on "
                               "the save of iteration 100), longer than torchrun's grace of 30 s before SIGKILL")) == 1
+
+
+def test_a_dump_killed_while_its_file_system_syncs_it_is_kept_and_the_relaunch_resumes_from_it(
+        tmp_path_factory: pytest.TempPathFactory, reference: Job) -> None:
+    """A file system slow to put the dump on disk: its sync after the commit takes longer than torchrun's grace (the
+    suite's 1 s), and torchrun's SIGKILL comes while the survivor waits for it. The dump was committed before the
+    wait and what the killed process wrote stays in the page cache: the relaunch resumes at the dumped step and ends
+    as the uninterrupted run. (Written, synced, then committed, as the dump was before, it was lost here; without
+    ft_plugins the steps are: ``test_negative_control_without_ft_plugins_the_steps_are_lost``.)"""
+    job = _scenario(tmp_path_factory, "sync_killed", *FAR, **slow_disk(0, GRACE, sync=SLOW_WRITE * 5),
+                    **_fault(f"rank=1,step={STEP},kind=kill"))
+    assert job.lines("Unable to shutdown process"), "torchrun's SIGKILL, its grace over"
+    assert job.lines(f"rank 0 dumped mp_rank_00 of iteration {STEP} in"), job.output[-5000:]
+    committed_dump(job, STEP)
+    assert same_as_reference(job, reference, STEP) == []
+    relaunch = run_job(job.save.parent, "--load", str(job.save), *FAR, save=job.save, **TTP)
+    resumed_to_the_end(relaunch, reference, STEP)
 
 
 def test_kill_during_a_periodic_save_the_dump_never_replaces_it(tmp_path_factory: pytest.TempPathFactory) -> None:

@@ -73,11 +73,12 @@ def run_supervised(workdir: Path, launch: "Launch", *args: str, launcher: tuple[
     return Job(result.returncode, result.stdout + result.stderr, save)
 
 
-def slow_disk(write: float, grace: float) -> dict[str, str]:
-    """A job's environment where every checkpoint write takes ``write`` seconds more in its first attempt and
-    torchrun stops its workers with ``grace`` seconds, not its fixed 30 (``tests/fakes/slow_disk``)."""
-    return {"PYTHONPATH": path_first(FAKES / "slow_disk"),
-            "FT_FAKE_SLOW_WRITE": str(write), "FT_FAKE_TORCHRUN_GRACE": str(grace)}
+def slow_disk(write: float, grace: float, sync: float = 0.0) -> dict[str, str]:
+    """A job's environment where every checkpoint write takes ``write`` seconds more in its first attempt (and the
+    dump's sync after its commit ``sync`` more) and torchrun stops its workers with ``grace`` seconds, not its fixed
+    30 (``tests/fakes/slow_disk``)."""
+    return {"PYTHONPATH": path_first(FAKES / "slow_disk"), "FT_FAKE_SLOW_WRITE": str(write),
+            "FT_FAKE_TORCHRUN_GRACE": str(grace), **({"FT_FAKE_SLOW_SYNC": str(sync)} if sync else {})}
 
 
 def run_with_mindio(workdir: Path, launch: "Launch", *args: str, probes: tuple[Path, ...] = (),

@@ -5,6 +5,9 @@ folder on a job's ``PYTHONPATH``.
   (``ft_plugins.torch.saving.save``, a staged ``.ft_partial-N/x.pt``), takes S seconds more once written (a stalled
   file system: the file is there, its write not finished), in the job's first attempt only
   (``TORCHELASTIC_RESTART_COUNT`` 0), so that the relaunch trains at full speed.
+- ``FT_FAKE_SLOW_SYNC=S``: the dump's wait for its file system after its commit
+  (``ft_plugins.checkpoint.atomic.sync_file_system``) takes S seconds more (a file system slow to put it on
+  disk), in the first attempt only.
 - ``FT_FAKE_TORCHRUN_GRACE=G``: torch's elastic agent stops its workers with G seconds instead of its fixed 30 s
   (the default timeout of ``PContext.close`` and ``LocalElasticAgent._shutdown``; explicit timeouts are kept),
   and ft_plugins knows torchrun's grace as G: the same launcher as torchrun's, with a suite-sized clock.
@@ -31,6 +34,15 @@ def _slow_writer(module) -> None:
     module.save = wrapt.FunctionWrapper(module.save, _slow_save)
 
 
+def _stalled(wrapped, _instance, args, kwargs):
+    time.sleep(float(os.environ["FT_FAKE_SLOW_SYNC"]))
+    return wrapped(*args, **kwargs)
+
+
+def _slow_sync(module) -> None:
+    module.sync_file_system = wrapt.FunctionWrapper(module.sync_file_system, _stalled)
+
+
 def _grace(seconds: float):
     def processes(module) -> None:
         close = vars(module.PContext)["close"]
@@ -48,9 +60,12 @@ def _grace(seconds: float):
     return processes, agent, knows
 
 
-if "FT_FAKE_SLOW_WRITE" in os.environ and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+_FIRST_ATTEMPT = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+if "FT_FAKE_SLOW_WRITE" in os.environ and _FIRST_ATTEMPT:
     for _writer in ("torch", "ft_plugins.torch.saving"):
         wrapt.register_post_import_hook(_slow_writer, _writer)
+if "FT_FAKE_SLOW_SYNC" in os.environ and _FIRST_ATTEMPT:
+    wrapt.register_post_import_hook(_slow_sync, "ft_plugins.checkpoint.atomic")
 if "FT_FAKE_TORCHRUN_GRACE" in os.environ:
     _processes, _agent, _knows = _grace(float(os.environ["FT_FAKE_TORCHRUN_GRACE"]))
     wrapt.register_post_import_hook(_processes, "torch.distributed.elastic.multiprocessing.api")
