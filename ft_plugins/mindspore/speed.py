@@ -6,8 +6,9 @@ process group at once: no SIGTERM, no handler runs (``join_processes`` in MindSp
 it sees a peer gone, from the host copy of the last completed step, so it has what is left of that second.
 Under ``ft-plugins run -- msrun`` that kill is SIGTERM first, then the run's grace (:mod:`ft_plugins.launch.shutdown`).
 Every regular save's and every dump's write is recorded in the save root (:mod:`ft_plugins.grace`). After its first
-step and each save, what a dump of every rank's file at that speed needs is reported to ``ft-plugins run``, whose
-grace follows it; without one, rank 0 says once when the dump needs longer than it gets.
+step and each save (rank 0's, seen by the ranks of other nodes in the record within ``LOOK_EVERY`` seconds), what a
+dump of every rank's file at that speed needs is reported to ``ft-plugins run``, whose grace follows it; without
+one, rank 0 says once when the dump needs longer than it gets.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ft_plugins.rank import is_rank_zero
 log = logging.getLogger("ft_plugins.ttp")
 
 MSRUN_GRACE = 1.0  # msrun's poll: a dump longer than this may be SIGKILLed before it is written
+LOOK_EVERY = 10.0  # seconds between looks for a write another process recorded (a stat of the record)
 LAUNCHER = "msrun"
 
 
@@ -53,6 +55,7 @@ class WriteSpeed:
         self.said = False
         self.pending = True  # a write was recorded (or none looked at yet) since the last look
         self.file_bytes = 0  # this rank's last save file: a dump's file holds the same in the same format
+        self.looked, self.stamp = time.monotonic(), 0  # the last look at the record, its modification time then
 
     def record(self, written: int, seconds: float, what: str) -> None:
         grace.record(self.root, grace.Measured(written, seconds, what))
@@ -64,11 +67,11 @@ class WriteSpeed:
         grace follows it (``FT_PLUGINS_GRACE_FOLLOWS``), else said once by rank 0 when it needs longer than msrun
         gives. A file is counted as large as this rank's last save file when that is larger (the format's own
         bytes, in a small state)."""
-        if not self.pending:
+        follows = os.environ.get(grace.GRACE_FOLLOWS_VAR)
+        if not self.pending and not (follows and self._recorded_elsewhere()):
             return
         dump_bytes = files * max(state_bytes, self.file_bytes)
         self.pending = False
-        follows = os.environ.get(grace.GRACE_FOLLOWS_VAR)
         found = grace.measured(self.root) if (follows or is_rank_zero()) and under_msrun() else None
         if found is None:
             return
@@ -83,6 +86,20 @@ class WriteSpeed:
             log.warning("ttp: a dump needs about %.1f s (%s, every rank's file, at %s, measured on the %s), longer "
                         "than %s: it would be cut short and the steps since the last save lost; %s", seconds,
                         grace.amount(dump_bytes), grace.amount(found.speed, "B/s"), found.what, whose, fix)
+
+    def _recorded_elsewhere(self) -> bool:
+        """Whether another process recorded a write since the last look (rank 0's saves, for the ranks of a node
+        without it, whose launcher's grace follows their reports); looked at every :data:`LOOK_EVERY` s at most."""
+        now = time.monotonic()
+        if now - self.looked < LOOK_EVERY:
+            return False
+        self.looked = now
+        try:
+            stamp = os.stat(os.path.join(self.root, grace.RECORD)).st_mtime_ns
+        except OSError:
+            return False
+        changed, self.stamp = stamp != self.stamp, stamp
+        return changed
 
     def timed_saves(self, checkpoint: Any) -> Callable[[], None]:
         """Rank 0 records each save its ``ModelCheckpoint`` makes in a step end (an asynchronous save's time is

@@ -334,6 +334,29 @@ def test_rank_0_says_once_when_a_dump_at_the_saves_speed_would_outlast_msruns_se
     assert "on_train_step_end" not in vars(checkpoint), "the timing comes off after training"
 
 
+def test_a_rank_of_a_node_without_rank_0_reports_what_a_dump_needs_after_rank_0_s_save(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only rank 0 times its saves; the ranks of another node, under their own ``ft-plugins run``, see rank 0's
+    record in the shared save root change and report what a dump needs at that speed, so their launcher's grace
+    follows it too. They used to report only after their first step, before any save was recorded."""
+    from ft_plugins import grace
+    from ft_plugins.mindspore import speed
+
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    monkeypatch.setenv(grace.GRACE_FOLLOWS_VAR, str(reports))
+    monkeypatch.setattr(speed, "under_msrun", lambda: True)
+    monkeypatch.setattr(speed, "is_rank_zero", lambda: False)
+    monkeypatch.setattr(speed, "LOOK_EVERY", 0.0)
+    other_node = speed.WriteSpeed(str(tmp_path))
+    other_node.warn(2, 10**6)  # after the first step: nothing recorded yet
+    assert grace.recorded(str(reports)) == []
+    grace.record(str(tmp_path), grace.Measured(10**6, 0.5, "save net-1_2.ckpt"))  # rank 0, on the other node
+    other_node.warn(2, 10**6)
+    assert [(write.written, write.seconds) for write in grace.recorded(str(reports))] == [(2 * 10**6, 1.0)]
+    assert grace.recorded(str(reports))[0].what == "save net-1_2.ckpt, for a dump of 2 files"
+
+
 def test_under_msrun_is_said_of_a_worker_whose_parent_is_msrun_only() -> None:
     from ft_plugins.mindspore import speed
 

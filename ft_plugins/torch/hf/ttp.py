@@ -32,6 +32,7 @@ from ft_plugins.features.ttp import Ttp
 from ft_plugins.patching import Patch
 from ft_plugins.steps import FORWARD, IDLE, Frozen, StepTracker
 from ft_plugins.rank import global_rank
+from ft_plugins.torch import saving
 from ft_plugins.torch.hf.rotation import committed
 from ft_plugins.torch.hf.rng import RngState, restore
 from ft_plugins.torch.hf.rng_files import PEER_WAIT, gather, offer, own_file, write_files
@@ -157,13 +158,13 @@ def _nothing_to_save(frozen: Frozen | None) -> str:
 
 def _write_checkpoint(trainer: Any, directory: str, rng: dict[str, Any]) -> None:
     """What ``Trainer._save_checkpoint`` at this step writes, from this rank alone: model and training
-    arguments (``_save``), optimizer, scheduler, this rank's RNG file, ``trainer_state.json``."""
-    import torch
+    arguments (``_save``), optimizer, scheduler, this rank's RNG file, ``trainer_state.json``; the optimizer's
+    archive (the largest file: the moments in fp32) ``torch.save``'s, its CRC-32s by zlib-ng (:mod:`..saving`)."""
     from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME
 
     trainer._save(directory)
-    torch.save(trainer.optimizer.state_dict(), os.path.join(directory, OPTIMIZER_NAME))
-    torch.save(trainer.lr_scheduler.state_dict(), os.path.join(directory, SCHEDULER_NAME))
+    saving.save(trainer.optimizer.state_dict(), os.path.join(directory, OPTIMIZER_NAME))
+    saving.save(trainer.lr_scheduler.state_dict(), os.path.join(directory, SCHEDULER_NAME))
     restore(rng)  # this process exits after the dump: its own RNG no longer matters
     trainer._save_rng_state(directory)
     _export_callback_states(trainer)
