@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import re
 import signal
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -125,6 +126,27 @@ def mindio(monkeypatch: pytest.MonkeyPatch, isolated_vendor_modules: None) -> An
     import mindio_ttp.framework_ttp as api
 
     return api
+
+
+@pytest.mark.parametrize("arf", [True, False], ids=["recovery", "dump"])
+def test_the_stand_ins_destroy_calls_end_its_threads_as_mindios_do(mindio: Any, arf: bool, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread of the stand-in still polling its store (a C++ call, the GIL released) when the interpreter
+    finalizes is ended inside that call and aborts the process: "terminate called without an active exception"
+    at the end of a healthy run."""
+    monkeypatch.setenv("FT_FAKE_RECORD", str(tmp_path / "calls.jsonl"))  # the store's file beside it
+
+    def running() -> list[str]:
+        return sorted(thread.name for thread in threading.enumerate() if thread.name.startswith("mindio-"))
+
+    mindio.tft_init_controller(0, 2, False, enable_arf=arf)
+    mindio.tft_start_controller("127.0.0.1", 0)
+    mindio.tft_init_processor(0, 2, False, enable_arf=arf)
+    mindio.tft_start_processor("127.0.0.1", 0)
+    assert running() == (["mindio-controller", "mindio-processor"] if arf else ["mindio-processor"])
+    mindio.tft_destroy_controller()
+    mindio.tft_destroy_processor()
+    assert running() == []
 
 
 class Writer:

@@ -25,6 +25,10 @@ A handler that raises (or a clean that returns non-zero), or a replacement that 
 ``TTP_NORMAL_ACTION_TIME_LIMIT`` seconds (180), ends the recovery: the survivors dump the newest step
 (save handler, then rename) and their training threads raise. Each action is recorded as
 ``fake_controller_<action>`` with the rank, its arguments and the answer.
+
+``tft_destroy_processor`` and ``tft_destroy_controller`` end their threads and wait for them, as MindIO's do: a
+daemon thread still polling the store at the interpreter's finalization is ended inside the store's C++ call
+(the GIL taken back there) and aborts the process ("terminate called without an active exception").
 """
 
 import os
@@ -39,7 +43,22 @@ RET_OK, RET_ERROR = 0, 1
 POLL = 0.02
 ORDER = ("stop", "clean", "rebuild_group", "repair", "rollback")
 _arf = {"store": None, "rank": None, "world": 0, "reboot": False, "reported": threading.Event(), "wait": 0,
-        "controlling": threading.Event()}
+        "controlling": threading.Event(), "serving": threading.Event(), "threads": {}}
+JOIN = 10.0  # seconds a destroy call waits for its thread (one poll, unless an action is under way)
+
+
+def _start(role, target, *args):
+    """The fake's ``role`` thread ("controller" or "processor"), ended by :func:`_end`."""
+    _arf["threads"][role] = thread = threading.Thread(target=target, args=args, name=f"mindio-{role}", daemon=True)
+    thread.start()
+
+
+def _end(role, running):
+    """Stop the ``role`` thread (its ``running`` event cleared) and wait for it."""
+    running.clear()
+    thread = _arf["threads"].pop(role, None)
+    if thread is not None and thread is not threading.current_thread():
+        thread.join(JOIN)
 
 
 def limit():
@@ -63,12 +82,12 @@ def start_controller(bind_ip, port, world_size):
     """Rank 0's process: host the channel, then watch the processors."""
     store = _store(port)
     _arf["controlling"].set()
-    threading.Thread(target=_control, args=(store, world_size), name="mindio-controller", daemon=True).start()
+    _start("controller", _control, store, world_size)
     _arf["controller_store"] = store  # kept alive with the process
 
 
 def stop_controller():
-    _arf["controlling"].clear()
+    _end("controller", _arf["controlling"])
 
 
 def start_processor(master_ip, port, rank, world_size):
@@ -78,7 +97,8 @@ def start_processor(master_ip, port, rank, world_size):
     life = store.add(f"starts/{rank}", 1)
     _arf["reboot"] = life > 1
     store.set(f"pid/{rank}", str(os.getpid()))
-    threading.Thread(target=_serve, args=(store, rank, life), name="mindio-processor", daemon=True).start()
+    _arf["serving"].set()
+    _start("processor", _serve, store, rank, life)
 
 
 def watch_peers(port, rank, world_size, on_loss):
@@ -87,24 +107,24 @@ def watch_peers(port, rank, world_size, on_loss):
     store = _store(port)
     _arf.update(store=store, rank=rank, world=world_size)
     store.set(f"pid/{rank}", str(os.getpid()))
+    _arf["serving"].set()
 
     def watch():
-        while True:
+        while _arf["serving"].is_set():
             time.sleep(0.1)
             peers = _watched(store, world_size)
-            if peers.get(rank) != os.getpid():
-                return  # this process ended its processor
             if any(not _alive(pid) for pid in peers.values()):
                 on_loss()
                 return
 
-    threading.Thread(target=watch, name="mindio-processor", daemon=True).start()
+    _start("processor", watch)
 
 
 def ended():
     """This process ended its processor (training returned): its exit is no loss."""
     if _arf["store"] is not None:
         _arf["store"].set(f"ended/{_arf['rank']}", str(os.getpid()))
+    _end("processor", _arf["serving"])
 
 
 def _watched(store, world):
@@ -154,7 +174,7 @@ def _serve(store, rank, life):
     from mindio_ttp import framework_ttp as api
 
     served = 0
-    while True:
+    while _arf["serving"].is_set():
         name = f"action/{rank}/{life}/{served + 1}"
         if not store.check([name]):
             time.sleep(POLL)
