@@ -3,8 +3,8 @@
 A dump of iteration K is written by the survivors, one writer per shard, into
 ``<save>/iter_{K:07d}_tmp/<shard>/<file>`` (the shard directories Megatron names, e.g. ``mp_rank_00``).
 Each writer writes its files in a staging folder of its own under their final names (``torch.save`` names its
-archive after the file, so a dump's file is Megatron's save's byte for byte), moves them into place, then writes
-the part record ``<shard>/ft_part.json`` (which shard, which K, every shard of the run, who wrote it, which files):
+archive after the file, so a dump's file is Megatron's save's byte for byte; the folder is removed after the commit,
+:func:`clear_staging`), moves them into place, then writes the part record ``<shard>/ft_part.json`` (which shard, which K, every shard of the run, who wrote it, which files):
 a part without a record is one whose writer was killed mid-write.
 
 Commit (:func:`commit_dump`) = coverage check (every shard of the run has a part, every part is of
@@ -70,6 +70,7 @@ def write_part(save_dir: str, part: Part, writes: Mapping[str, Callable[[str], N
     """
     directory = os.path.join(dump_dir(save_dir, part.iteration), part.shard)
     staging = os.path.join(directory, f"{STAGING_PREFIX}{part.writer}")
+    shutil.rmtree(staging, ignore_errors=True)  # what an earlier attempt of this writer, killed, left there
     os.makedirs(staging, exist_ok=True)
     written = 0
     for filename, write in writes.items():
@@ -78,10 +79,20 @@ def write_part(save_dir: str, part: Part, writes: Mapping[str, Callable[[str], N
         write(temporary)
         written += os.path.getsize(temporary)
         os.replace(temporary, target)
-    shutil.rmtree(staging, ignore_errors=True)  # with what an earlier attempt of this writer, killed, left there
     with atomic_file(os.path.join(directory, PART_RECORD), durable=False) as handle:
         json.dump({**asdict(part), "files": list(writes)}, handle)
     return written
+
+
+def clear_staging(save_dir: str, part: Part) -> None:
+    """Remove the writer's staging folder, empty once its part is written, wherever the part is now (committed or
+    not); never a file. Called after the sync, off the commit's path: removing a directory waits for a busy file
+    system's journal (0.07-0.15 s while two ranks wrote 4 GB each)."""
+    for directory in (iteration_dir(save_dir, part.iteration), dump_dir(save_dir, part.iteration)):
+        try:
+            os.rmdir(os.path.join(directory, part.shard, f"{STAGING_PREFIX}{part.writer}"))
+        except OSError:
+            pass
 
 
 def read_part(shard_dir: str) -> Part | None:

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from ft_plugins.checkpoint import find_latest, verify
-from ft_plugins.checkpoint.dump import PART_RECORD, Part, commit_dump, complete_pending, pending_reason, uncovered, write_part
+from ft_plugins.checkpoint.dump import (PART_RECORD, Part, clear_staging, commit_dump, complete_pending, pending_reason,
+                                       uncovered, write_part)
 from ft_plugins.checkpoint.naming import TRACKER, dump_dir, tracker_iteration
 from ft_plugins.checkpoint.naming import iteration_dir as final_dir
 
@@ -96,14 +97,21 @@ def test_a_writer_killed_mid_write_leaves_no_record_and_no_commit(tmp_path: Path
 
 def test_what_a_killed_attempt_of_the_same_writer_left_does_not_stop_its_next_dump(tmp_path: Path) -> None:
     """A dump of step 5 cut short (another file half-written in the writer's staging folder), then step 5 dumped
-    again by that writer in a later launch: the part is written and committed, the staging folder gone."""
+    again by that writer in a later launch: the part is written and committed without what was left (its manifest
+    names none of it), the staging folder, empty, removed after the commit (off its path: a busy journal makes a
+    directory's removal wait)."""
     staging = Path(dump_dir(str(tmp_path), 5)) / "mp_rank_00" / ".ft_partial-0"
     staging.mkdir(parents=True)
     (staging / "distrib_optim.pt").write_bytes(b"PK half")
     _part(tmp_path, "mp_rank_00", 5, shards=("mp_rank_00",))
     assert commit_dump(str(tmp_path), 5).committed
-    assert sorted(p.name for p in (tmp_path / "iter_0000005" / "mp_rank_00").iterdir()) == [
-        PART_RECORD, "model_optim_rng.pt"]
+    shard = tmp_path / "iter_0000005" / "mp_rank_00"
+    assert sorted(p.name for p in shard.iterdir()) == [".ft_partial-0", PART_RECORD, "model_optim_rng.pt"]
+    assert list((shard / ".ft_partial-0").iterdir()) == []
+    assert verify(str(tmp_path / "iter_0000005")).intact
+    clear_staging(str(tmp_path), Part("mp_rank_00", 5, ("mp_rank_00",), 0))
+    assert sorted(p.name for p in shard.iterdir()) == [PART_RECORD, "model_optim_rng.pt"]
+    assert verify(str(tmp_path / "iter_0000005")).intact
 
 
 def test_the_last_writer_counts_its_bytes_before_a_peer_commits_the_dump(tmp_path: Path, monkeypatch) -> None:
@@ -132,6 +140,7 @@ def test_a_dumped_file_is_byte_for_byte_the_save_of_the_same_state(tmp_path: Pat
     """``torch.save`` names its zip archive after the file: written under a temporary name, a dump's archive was
     named otherwise than Megatron's save of the same state (loaded alike, but not the same bytes)."""
     _part(tmp_path, "mp_rank_00", 5)
+    clear_staging(str(tmp_path), Part("mp_rank_00", 5, SHARDS, 0))
     saved = tmp_path / "model_optim_rng.pt"
     _zip(str(saved))
     shard = Path(dump_dir(str(tmp_path), 5)) / "mp_rank_00"

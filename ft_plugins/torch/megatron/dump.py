@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from ft_plugins import events, grace
 from ft_plugins.checkpoint.atomic import sync_file_system
-from ft_plugins.checkpoint.dump import Part, commit_dump, complete_pending, write_part
+from ft_plugins.checkpoint.dump import Part, clear_staging, commit_dump, complete_pending, write_part
 from ft_plugins.checkpoint.naming import iteration_dir, tracker_iteration
 from ft_plugins.faults import RESTART_VAR
 from ft_plugins.features.ttp import Ttp
@@ -193,7 +193,8 @@ class MegatronDump:
         state = saved_state(step.model, step.optimizer, step.scheduler, iteration, rng, consumed)
         state["num_floating_point_operations_so_far"] = self.flops(consumed, parsed)
         writes[FILENAME] = lambda path: saving.save(state, path)
-        size = write_part(save_dir, Part(shard, iteration, shards, rank), writes)
+        part = Part(shard, iteration, shards, rank)
+        size = write_part(save_dir, part, writes)
         written = time.monotonic()
         grace.record(save_dir, grace.Measured(size, written - started, f"dump of iteration {iteration}"))
         status = self.commit(save_dir, iteration) if commit else "committed on MindIO's rename"
@@ -202,6 +203,7 @@ class MegatronDump:
         events.emit("dump", step=iteration, seconds=round(written - started, 4), shard=shard,
                     committed=status.startswith("committed"))
         sync_file_system(save_dir)  # against a crash of the node; a SIGKILL from here on loses nothing
+        clear_staging(save_dir, part)
         log.debug("ttp: %s: rank %d's dump is on disk %.0f ms after it began", reason, rank,
                   (time.monotonic() - started) * 1000)
 
