@@ -4,8 +4,9 @@ A dump of iteration K is written by the survivors, one writer per shard, into
 ``<save>/iter_{K:07d}_tmp/<shard>/<file>`` (the shard directories Megatron names, e.g. ``mp_rank_00``).
 Each writer writes its files in a staging folder of its own under their final names (``torch.save`` names its
 archive after the file, so a dump's file is Megatron's save's byte for byte; the folder is removed after the commit,
-:func:`clear_staging`), moves them into place, then writes the part record ``<shard>/ft_part.json`` (which shard, which K, every shard of the run, who wrote it, which files):
-a part without a record is one whose writer was killed mid-write.
+:func:`clear_staging`), moves them into place, then writes the part record ``<shard>/ft_part.json`` (which shard,
+which K, every shard of the run, who wrote it, which files): a part without a record is one whose writer was
+killed mid-write.
 
 Commit (:func:`commit_dump`) = coverage check (every shard of the run has a part, every part is of
 K) + rename to ``iter_{K:07d}`` + commit manifest + atomic tracker update. It is idempotent and
