@@ -22,7 +22,8 @@ named as the run's ``ModelCheckpoint`` names its own, each file through a tempor
 rename, then committed with its manifest, so resume takes it like any save; the file system is synced once all
 are, as the Megatron dump does (:mod:`ft_plugins.checkpoint.dump`): a SIGKILL during that wait loses nothing.
 Data parallel keeps one replica per rank, so one survivor can write every rank's file: each file is claimed first
-(``O_EXCL``), so every file has one writer. A file already there (a regular save of that step) is
+(:mod:`ft_plugins.checkpoint.claim`), so every file has one writer, and a claim held by a survivor killed mid-write
+passes to another. A file already there (a regular save of that step) is
 left alone. Layouts without a replica of every rank (model or optimizer parallel, sink size > 1) are
 refused before the first step by :class:`ft_plugins.mindspore.ttp.TtpCallback`. Each dump's write, and each
 regular save's, is recorded for the estimate of its time against msrun's (:mod:`.speed`).
@@ -42,6 +43,7 @@ import time
 from collections import deque
 from typing import Any, Callable, NamedTuple
 
+from ft_plugins.checkpoint import claim as claims
 from ft_plugins.checkpoint.atomic import sync_file_system
 from ft_plugins.features.resume import Resume
 from ft_plugins.features.ttp import Ttp
@@ -250,9 +252,8 @@ class DumpEngine:
         path = os.path.join(directory, f"{prefix}-{snapshot.epoch}_{snapshot.step_in_epoch}.ckpt")
         claim = os.path.join(directory, f"{CLAIM_PREFIX}{os.path.basename(path).removesuffix('.ckpt')}")
         os.makedirs(directory, exist_ok=True)
-        try:
-            os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-        except FileExistsError:
+        taken = claims.take(claim)
+        if taken is None:
             return None  # another survivor writes this file
         staging = os.path.join(directory, f"{STAGING_PREFIX}{me}")
         try:
@@ -273,7 +274,7 @@ class DumpEngine:
             os.replace(partial, path)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-            os.unlink(claim)
+            claims.release(claim, taken)
         self.ttp.saves.append(path)
         resume = self.runtime.running(Resume)
         if resume is not None:

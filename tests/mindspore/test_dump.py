@@ -153,6 +153,40 @@ def test_a_dump_cut_short_in_a_launch_before_does_not_keep_this_one_from_writing
     assert not [path.name for path in dumped.iterdir() if path.name.startswith(".ft_ttp")]
 
 
+def test_a_file_claimed_by_a_survivor_killed_mid_write_is_written_by_another(no_tft: Any, tmp_path: Path) -> None:
+    """Two survivors each write every rank's file: the one SIGKILLed while writing rank 1's file leaves its claim
+    there, and this one still writes that file; rank 0's file, claimed by a survivor still running, is left to it."""
+    import signal
+    import subprocess
+    import sys
+
+    from ft_plugins.mindspore import FaultTolerance, dump
+
+    engine = _ttp_part(FaultTolerance(features="ttp,resume")).engine
+    engine.target = dump.Target(str(tmp_path / "rank_0"), True, "net", 2, {})
+    engine.snapshot = dump.Snapshot(2, 13, 5, [("weight", np.arange(4, dtype=np.float32))])
+    holders = {}
+    for rank in (0, 1):
+        (tmp_path / f"rank_{rank}").mkdir()
+        holders[rank] = subprocess.Popen(
+            [sys.executable, "-c", "import sys, time\nfrom ft_plugins.checkpoint.claim import take\n"
+             "print(take(sys.argv[1]), flush=True)\ntime.sleep(120)",
+             str(tmp_path / f"rank_{rank}" / f"{dump.CLAIM_PREFIX}net-2_5")], stdout=subprocess.PIPE, text=True)
+        assert holders[rank].stdout.readline().strip() == "0"
+    holders[1].send_signal(signal.SIGKILL)
+    holders[1].wait()
+    try:
+        assert engine.dump("a peer exited") == [str(tmp_path / "rank_1" / "net-2_5.ckpt")]
+    finally:
+        holders[0].kill()
+        holders[0].wait()
+    from mindspore import load_checkpoint
+
+    assert load_checkpoint(str(tmp_path / "rank_1" / "net-2_5.ckpt"))["weight"].asnumpy().tolist() == [0, 1, 2, 3]
+    assert not [path.name for path in (tmp_path / "rank_1").iterdir() if path.name.startswith(".ft_ttp")]
+    assert [path.name for path in (tmp_path / "rank_0").iterdir()] == [f"{dump.CLAIM_PREFIX}net-2_5"]
+
+
 def test_a_dump_of_an_older_step_stops_between_files_once_a_newer_step_completed(no_tft: Any, tmp_path: Path) -> None:
     """A peer lost while this rank still finishes the step the peer finished: the copy of the step before is
     written at once, but stops at the next file once the newer step completed, which is then written whole."""

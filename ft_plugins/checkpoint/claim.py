@@ -1,0 +1,58 @@
+"""One writer per file among processes that could all write it (survivors dumping the same replica): a claim file
+next to it, taken atomically, naming the process that holds it.
+
+A claim is a hard link to a file already holding the claimer's pid, so it is never seen empty. A claim held by a
+process gone (a survivor SIGKILLed mid-write) does not keep the file from being written: the next generation
+(``<claim>.1``, ``<claim>.2``, ...) is claimed instead, each generation by one process only, and a generation is
+passed over only once its holder is gone.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ft_plugins.processes import alive
+
+
+def _generation(claim: str, number: int) -> str:
+    return claim if number == 0 else f"{claim}.{number}"
+
+
+def _holder(path: str) -> int | None:
+    """The pid in a claim (0, no process, when it holds none); None when it was released meanwhile."""
+    try:
+        with open(path) as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        return None
+    return int(text) if text.strip().isdigit() else 0
+
+
+def take(claim: str) -> int | None:
+    """Claim the file for this process: the generation taken, or None when a running process holds the claim."""
+    mine = f"{claim}.pid-{os.getpid()}"
+    with open(mine, "w") as handle:
+        handle.write(str(os.getpid()))
+    try:
+        number = 0
+        while True:
+            try:
+                os.link(mine, _generation(claim, number))
+                return number
+            except FileExistsError:
+                holder = _holder(_generation(claim, number))
+                if holder is not None and alive(holder):
+                    return None
+                if holder is not None:  # gone: the next generation (one released meanwhile is tried again)
+                    number += 1
+    finally:
+        os.unlink(mine)
+
+
+def release(claim: str, taken: int) -> None:
+    """Remove the generation taken and those below it, whose holders are gone."""
+    for number in range(taken, -1, -1):
+        try:
+            os.unlink(_generation(claim, number))
+        except FileNotFoundError:
+            pass

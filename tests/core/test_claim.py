@@ -1,0 +1,64 @@
+"""One writer per file (``ft_plugins.checkpoint.claim``), with real processes: a claim held by a process SIGKILLed
+while holding it passes to exactly one of the processes racing for it; one held by a running process does not."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from ft_plugins.checkpoint.claim import release, take
+
+HOLD = ("import sys, time\nfrom ft_plugins.checkpoint.claim import take\n"
+        "print(take(sys.argv[1]), flush=True)\ntime.sleep(120)\n")
+RACE = ("import sys, time\nfrom ft_plugins.checkpoint.claim import take\n"
+        "time.sleep(float(sys.argv[2]) - time.time())\nprint(take(sys.argv[1]))\n")
+
+
+def _holder(claim: Path) -> subprocess.Popen:
+    """A process that took ``claim`` and holds it."""
+    process = subprocess.Popen([sys.executable, "-c", HOLD, str(claim)], stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stdout.readline().strip() == "0"
+    return process
+
+
+def _killed_holding(claim: Path) -> None:
+    process = _holder(claim)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+
+
+def test_a_claim_held_by_a_running_process_is_not_taken(tmp_path: Path) -> None:
+    claim = tmp_path / ".claim-file"
+    holder = _holder(claim)
+    try:
+        assert take(str(claim)) is None
+    finally:
+        holder.kill()
+        holder.wait()
+    assert claim.read_text() == str(holder.pid)
+
+
+def test_a_claim_of_a_process_killed_holding_it_goes_to_one_of_the_racers_only(tmp_path: Path) -> None:
+    import time
+
+    claim = tmp_path / ".claim-file"
+    _killed_holding(claim)
+    start = time.time() + 1.0  # every racer started and waiting, then all at once
+    racers = [subprocess.Popen([sys.executable, "-c", RACE, str(claim), str(start)], stdout=subprocess.PIPE,
+                               text=True) for _ in range(4)]
+    answers = sorted(racer.communicate(timeout=60)[0].strip() for racer in racers)
+    assert answers == ["1", "None", "None", "None"], answers
+    assert sorted(path.name for path in tmp_path.iterdir()) == [".claim-file", ".claim-file.1"]  # no pid file left
+    release(str(claim), 1)
+    assert list(tmp_path.iterdir()) == [], "the generation taken and the one passed over, both released"
+
+
+def test_generations_follow_each_holder_gone(tmp_path: Path) -> None:
+    claim = tmp_path / ".claim-file"
+    _killed_holding(claim)
+    assert take(str(claim)) == 1  # this process holds generation 1 now: a third process cannot take it
+    assert subprocess.run([sys.executable, "-c", "import sys\nfrom ft_plugins.checkpoint.claim import take\n"
+                           "print(take(sys.argv[1]))", str(claim)], capture_output=True, text=True,
+                          check=True).stdout.strip() == "None"
