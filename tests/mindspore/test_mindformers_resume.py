@@ -135,8 +135,8 @@ def test_reference_run_saves_every_two_steps_with_true_steps_recorded(reference:
 
 def test_resume_takes_newest_intact_before_mindformers_loads(resumed: Run) -> None:
     rank_dir = resumed.checkpoints / "rank_0"
-    assert re.search(rf"resume: skipped \S*tiny_rank_0-2_4\.ckpt: rank_0: .*truncated", resumed.output)
-    assert f"MindFormers resumes from ./output/checkpoint/rank_0/tiny_rank_0-2_2.ckpt (step 6)" in resumed.output
+    assert re.search(r"resume: skipped \S*tiny_rank_0-2_4\.ckpt: rank_0: .*truncated", resumed.output)
+    assert "MindFormers resumes from ./output/checkpoint/rank_0/tiny_rank_0-2_2.ckpt (step 6)" in resumed.output
     assert "Failed to read the checkpoint file" not in resumed.output
     assert sorted(resumed.losses) == list(range(7, 13))  # MindFormers skipped the data of steps 1-6 itself
     assert (rank_dir / "tiny_rank_0-2_4.ckpt").exists()  # left in place for inspection
