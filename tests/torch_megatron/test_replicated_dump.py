@@ -117,12 +117,22 @@ def test_mindio_driven_dump_of_the_complete_instance_is_the_same(mindio_one_lost
 FAULTS = "rank=1,step=2,kind=kill;rank=0,step=3,kind=kill,at=save;rank=3,step=4,kind=kill,at=update"
 
 
+def _spare_command(pid: str, save: Path) -> bool:
+    """Whether process ``pid`` runs the spare template's command for the job saving to ``save``."""
+    command = Path("/proc", pid, "cmdline").read_bytes().split(b"\0")
+    return b"ft_plugins.launch.spare" in command and str(save).encode() in command
+
+
 def _template_children(save: Path) -> tuple[int, int] | None:
-    """The spare template of the job saving to ``save``: (pid, how many children), or None while there is none."""
+    """The spare template of the job saving to ``save``: (pid, how many children), or None while there is none.
+    Its forks (the spares waiting, and those taken over as workers) have its command line too: the template is
+    the one whose parent has not (the pids wrap around on a busy machine, so the lowest is not always it)."""
     for proc in Path("/proc").iterdir():
         try:
-            command = (proc / "cmdline").read_bytes().split(b"\0") if proc.name.isdigit() else []
-            if b"ft_plugins.launch.spare" in command and str(save).encode() in command:
+            if not proc.name.isdigit() or not _spare_command(proc.name, save):
+                continue
+            parent = (proc / "stat").read_text().rsplit(")", 1)[1].split()[1]
+            if not _spare_command(parent, save):
                 return int(proc.name), len((proc / "task" / proc.name / "children").read_text().split())
         except OSError:
             continue
