@@ -8,7 +8,7 @@ import re
 import signal
 import subprocess
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -219,11 +219,29 @@ def finish(process: subprocess.Popen, timeout: int) -> tuple[str, str]:
     try:
         return process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        ended = process.poll() is not None
         abort_descendants(process.pid)
         kill_tree(process.pid)
+        holders = kill_output_holders(process)  # orphans of the job (no descendants any more) keep its pipes open
         out, err = process.communicate()
-        raise AssertionError(f"still running after {timeout} s:\n{(out or '')[-4000:]}\n{(err or '')[-6000:]}") \
-            from None
+        what = f"ended, but processes it left held its output: {holders}" if ended else "still running"
+        raise AssertionError(f"{what} after {timeout} s:\n{(out or '')[-4000:]}\n{(err or '')[-6000:]}") from None
+
+
+def kill_output_holders(process: subprocess.Popen) -> list[int]:
+    """SIGKILL every other process holding ``process``'s output pipes open; their pids."""
+    pipes = {f"pipe:[{os.fstat(stream.fileno()).st_ino}]" for stream in (process.stdout, process.stderr) if stream}
+    holders = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            links = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        except OSError:
+            continue
+        if int(pid) != os.getpid() and links & pipes:
+            holders.append(int(pid))
+            with suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+    return holders
 
 
 def run_to_end(command: list[str], cwd: Path, env: dict[str, str], timeout: int) -> subprocess.CompletedProcess:

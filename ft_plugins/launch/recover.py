@@ -272,6 +272,10 @@ class Supervisor:
     def _failed(self, worker_group: Any, context: Any, local_rank: int, code: int) -> None:
         rank = worker_group.workers[local_rank].global_rank
         events.emit("fault", rank=rank, kind=events.exit_kind(code), code=code, noticed="launcher")
+        try:  # its process group, replaced or not: torchrun's own stop signals only the workers still running
+            context.subprocess_handlers[local_rank].close()  # what the lost worker left (data loader workers)
+        except ProcessLookupError:
+            pass
         why = self._why_not(worker_group, context, rank)
         if why:
             self.refusal = why
@@ -282,11 +286,6 @@ class Supervisor:
             return
         self.generation = self.store.add("generation", 1)
         life = self.lives[local_rank] = self.lives.get(local_rank, 0) + 1
-        lost = context.subprocess_handlers[local_rank]
-        try:
-            lost.close()  # its process group: what the lost worker left behind (e.g. data loader workers)
-        except ProcessLookupError:
-            pass
         env = {**context.envs[local_rank], RECOVERY_VAR: replacement_value(self.generation, life)}
         handler = self.spares.take(env, local_rank, context.stdouts[local_rank], context.stderrs[local_rank])
         how = "warm spare pid %d took over" if handler is not None else "replacement pid %d started"

@@ -25,15 +25,22 @@ ft_plugins the same kill ends the job.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from ft_plugins.processes import alive
+from support import path_first
 from ttp_runs import DP4, ITERS, SHARDS, TP, Job, Launch, committed_dump, run_supervised, same_as_reference
 
 RECOVER = {"FT_PLUGINS": "ttp,recover"}
+CHILD_PROBE = Path(__file__).resolve().parent / "fixtures" / "child_probe"
 INTERVAL = 3  # the chained run's periodic saves: steps 3 and 6
 # rank 1 killed in forward after 2 completed steps, rank 0 in the save of step 3, rank 3 inside step 5's update
 FIRST, SAVED, UPDATED = 2, 3, 4
@@ -154,10 +161,24 @@ def test_a_replacement_that_never_joins_bounded_wait_then_the_dump_is_committed(
 
 def test_a_replacement_killed_while_it_joins_the_survivors_learn_it_then_the_dump_is_committed(
         tmp_path_factory: pytest.TempPathFactory, reference: Job) -> None:
-    job = _run(tmp_path_factory.mktemp("killed_joining"), **RECOVER,
+    """Every worker starts a child that does not watch its parent (``fixtures/child_probe``): none is left once
+    the job ended, the replacement's included (not replaced, its process group is still ended)."""
+    workdir = tmp_path_factory.mktemp("killed_joining")
+    children = workdir / "children.txt"
+    job = _run(workdir, **RECOVER, PYTHONPATH=path_first(CHILD_PROBE), FT_TEST_CHILDREN=str(children),
                FT_PLUGINS_INJECT_FAULT=f"rank=1,step={FIRST},kind=kill;rank=1,step=0,kind=kill,at=join,life=1")
     committed_dump(job, FIRST)
     assert job.lines("rank 1 exited with code -9 and is not replaced: a second fault during recovery")
+    started = [line.split() for line in children.read_text().splitlines()]
+    assert sorted(rank for rank, _, _ in started) == ["0", "1", "1", "2", "3"], started  # and rank 1's replacement
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and [child for _, _, child in started if alive(int(child))]:
+        time.sleep(0.1)
+    left = [(rank, worker) for rank, worker, child in started if alive(int(child))]
+    for _, _, child in started:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(child), signal.SIGKILL)
+    assert left == [], "children of these workers (rank, pid) outlived the job"
     assert same_as_reference(job, reference, FIRST) == []
 
 
