@@ -32,6 +32,7 @@ import signal
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
