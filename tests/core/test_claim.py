@@ -12,8 +12,9 @@ from ft_plugins.checkpoint.claim import release, take
 
 HOLD = ("import sys, time\nfrom ft_plugins.checkpoint.claim import take\n"
         "print(take(sys.argv[1]), flush=True)\ntime.sleep(120)\n")
-RACE = ("import sys, time\nfrom ft_plugins.checkpoint.claim import take\n"
-        "time.sleep(float(sys.argv[2]) - time.time())\nprint(take(sys.argv[1]))\n")
+RACE = ("import sys, time\nfrom ft_plugins.checkpoint.claim import take\n"  # held until every racer has tried
+        "time.sleep(float(sys.argv[2]) - time.time())\nprint(take(sys.argv[1]))\n"
+        "time.sleep(float(sys.argv[2]) + 3 - time.time())\n")
 
 
 def _holder(claim: Path) -> subprocess.Popen:
