@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -242,6 +243,31 @@ def kill_output_holders(process: subprocess.Popen) -> list[int]:
             with suppress(ProcessLookupError):
                 os.kill(int(pid), signal.SIGKILL)
     return holders
+
+
+def wait_gone(pids: list[int], timeout: float = 180) -> None:
+    """Until none of ``pids`` runs (orphans finishing on their own), or kill them and fail."""
+    from ft_plugins.processes import alive
+
+    deadline = time.monotonic() + timeout
+    while any(alive(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            for pid in pids:
+                if alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+            raise AssertionError(f"processes {pids} still running after {timeout} s")
+        time.sleep(0.1)
+
+
+CLAIM_HOLDER = ("import sys, time\nfrom ft_plugins.checkpoint.claim import take\n"
+                "print(take(sys.argv[1]), flush=True)\ntime.sleep(120)\n")
+
+
+def claim_holder(claim: Path) -> subprocess.Popen:
+    """A process that took ``claim`` (``ft_plugins.checkpoint.claim``) and holds it, running until killed."""
+    process = subprocess.Popen([PYTHON, "-c", CLAIM_HOLDER, str(claim)], stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stdout.readline().strip() == "0"
+    return process
 
 
 def run_to_end(command: list[str], cwd: Path, env: dict[str, str], timeout: int) -> subprocess.CompletedProcess:

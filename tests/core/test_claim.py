@@ -6,33 +6,26 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from ft_plugins.checkpoint.claim import release, take
+from support import claim_holder
 
-HOLD = ("import sys, time\nfrom ft_plugins.checkpoint.claim import take\n"
-        "print(take(sys.argv[1]), flush=True)\ntime.sleep(120)\n")
 RACE = ("import sys, time\nfrom ft_plugins.checkpoint.claim import take\n"  # held until every racer has tried
         "time.sleep(float(sys.argv[2]) - time.time())\nprint(take(sys.argv[1]))\n"
         "time.sleep(float(sys.argv[2]) + 3 - time.time())\n")
 
 
-def _holder(claim: Path) -> subprocess.Popen:
-    """A process that took ``claim`` and holds it."""
-    process = subprocess.Popen([sys.executable, "-c", HOLD, str(claim)], stdout=subprocess.PIPE, text=True)
-    assert process.stdout is not None and process.stdout.readline().strip() == "0"
-    return process
-
-
 def _killed_holding(claim: Path) -> None:
-    process = _holder(claim)
+    process = claim_holder(claim)
     process.send_signal(signal.SIGKILL)
     process.wait()
 
 
 def test_a_claim_held_by_a_running_process_is_not_taken(tmp_path: Path) -> None:
     claim = tmp_path / ".claim-file"
-    holder = _holder(claim)
+    holder = claim_holder(claim)
     try:
         assert take(str(claim)) is None
     finally:
@@ -42,8 +35,6 @@ def test_a_claim_held_by_a_running_process_is_not_taken(tmp_path: Path) -> None:
 
 
 def test_a_claim_of_a_process_killed_holding_it_goes_to_one_of_the_racers_only(tmp_path: Path) -> None:
-    import time
-
     claim = tmp_path / ".claim-file"
     _killed_holding(claim)
     start = time.time() + 1.0  # every racer started and waiting, then all at once

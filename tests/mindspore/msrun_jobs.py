@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import threading
 import time
@@ -224,15 +223,3 @@ def log_tails(job: Job) -> list[int]:
         if os.path.basename(argv[0]) == b"tail" and any(str(job.logs).encode() in arg for arg in argv):
             found.append(int(name))
     return [pid for pid in found if alive(pid)]
-
-
-def wait_gone(pids: list[int], timeout: float = 180) -> None:
-    """Until none of ``pids`` runs (orphans finishing on their own), or kill them and fail."""
-    deadline = time.monotonic() + timeout
-    while any(alive(pid) for pid in pids):
-        if time.monotonic() > deadline:
-            for pid in pids:
-                if alive(pid):
-                    os.kill(pid, signal.SIGKILL)
-            raise AssertionError(f"processes {pids} still running after {timeout} s")
-        time.sleep(0.1)

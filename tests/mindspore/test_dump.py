@@ -157,10 +157,9 @@ def test_a_file_claimed_by_a_survivor_killed_mid_write_is_written_by_another(no_
     """Two survivors each write every rank's file: the one SIGKILLed while writing rank 1's file leaves its claim
     there, and this one still writes that file; rank 0's file, claimed by a survivor still running, is left to it."""
     import signal
-    import subprocess
-    import sys
 
     from ft_plugins.mindspore import FaultTolerance, dump
+    from support import claim_holder
 
     engine = _ttp_part(FaultTolerance(features="ttp,resume")).engine
     engine.target = dump.Target(str(tmp_path / "rank_0"), True, "net", 2, {})
@@ -168,11 +167,7 @@ def test_a_file_claimed_by_a_survivor_killed_mid_write_is_written_by_another(no_
     holders = {}
     for rank in (0, 1):
         (tmp_path / f"rank_{rank}").mkdir()
-        holders[rank] = subprocess.Popen(
-            [sys.executable, "-c", "import sys, time\nfrom ft_plugins.checkpoint.claim import take\n"
-             "print(take(sys.argv[1]), flush=True)\ntime.sleep(120)",
-             str(tmp_path / f"rank_{rank}" / f"{dump.CLAIM_PREFIX}net-2_5")], stdout=subprocess.PIPE, text=True)
-        assert holders[rank].stdout.readline().strip() == "0"
+        holders[rank] = claim_holder(tmp_path / f"rank_{rank}" / f"{dump.CLAIM_PREFIX}net-2_5")
     holders[1].send_signal(signal.SIGKILL)
     holders[1].wait()
     try:

@@ -32,7 +32,7 @@ import pytest
 import msrun_jobs
 from msrun_jobs import (HANG_BOUNDS, STEPS, WORKERS, Control, Job, alive, assert_same_parameters, copy_root, job_env,
                         latest_step, processes)
-from support import PYTHON, assert_agrees
+from support import PYTHON, assert_agrees, wait_gone
 
 KILLED_AFTER = 14  # two steps after the save of step 12
 # the relaunch starts at step 15 and saves at 18 and 22: SIGTERM once step 19 ended, each step after 18 taking
@@ -57,7 +57,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Job:
     msrun_jobs.wait(job)
     job.orphans = [pid for pid in processes(job) if alive(pid)]  # type: ignore[attr-defined]
     job.tails = msrun_jobs.log_tails(job)  # type: ignore[attr-defined]
-    msrun_jobs.wait_gone(job.orphans)  # type: ignore[attr-defined]
+    wait_gone(job.orphans)  # type: ignore[attr-defined]
     for pid in job.tails:  # type: ignore[attr-defined]  # `tail -f` never ends by itself
         os.kill(pid, signal.SIGKILL)
     return job

@@ -25,19 +25,14 @@ ft_plugins the same kill ends the job.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import signal
-import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from ft_plugins.processes import alive
-from support import path_first
+from support import path_first, wait_gone
 from ttp_runs import DP4, ITERS, SHARDS, TP, Job, Launch, committed_dump, run_supervised, same_as_reference
 
 RECOVER = {"FT_PLUGINS": "ttp,recover"}
@@ -172,14 +167,7 @@ def test_a_replacement_killed_while_it_joins_the_survivors_learn_it_then_the_dum
     assert job.lines("rank 1 exited with code -9 and is not replaced: a second fault during recovery")
     started = [line.split() for line in children.read_text().splitlines()]
     assert sorted(rank for rank, _, _ in started) == ["0", "1", "1", "2", "3"], started  # and rank 1's replacement
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and [child for _, _, child in started if alive(int(child))]:
-        time.sleep(0.1)
-    left = [(rank, worker) for rank, worker, child in started if alive(int(child))]
-    for _, _, child in started:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(int(child), signal.SIGKILL)
-    assert left == [], "children of these workers (rank, pid) outlived the job"
+    wait_gone([int(child) for _, _, child in started], timeout=10)  # none outlived the job (else killed, failed)
     assert same_as_reference(job, reference, FIRST) == []
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from ft_plugins.processes import status
 from support import FAKES, assert_bit_identical, path_first, read_records
 from report_check import check_faults
 from ttp_runs import (ITERS, Job, Launch, committed_dump, resumed_to_the_end, run_supervised, run_with_mindio,
@@ -131,8 +132,8 @@ def _template_children(save: Path) -> tuple[int, int] | None:
         try:
             if not proc.name.isdigit() or not _spare_command(proc.name, save):
                 continue
-            parent = (proc / "stat").read_text().rsplit(")", 1)[1].split()[1]
-            if not _spare_command(parent, save):
+            found = status(int(proc.name))
+            if found is not None and not _spare_command(str(found[1]), save):
                 return int(proc.name), len((proc / "task" / proc.name / "children").read_text().split())
         except OSError:
             continue
