@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 from ft_plugins import events
 from ft_plugins.config import RECOVERY_VAR
 from ft_plugins.launch.environment import launcher_options, torchrun_option
-from ft_plugins.launch.process import adopt_orphans, reap_adopted
+from ft_plugins.launch.process import adopt_orphans, end_group, reap_adopted
 from ft_plugins.launch.spare import EXIT, READY, TOOK, Lines
 from ft_plugins.recovery import REFUSED, key, namespace, replacement_value, trained
 
@@ -272,10 +272,7 @@ class Supervisor:
     def _failed(self, worker_group: Any, context: Any, local_rank: int, code: int) -> None:
         rank = worker_group.workers[local_rank].global_rank
         events.emit("fault", rank=rank, kind=events.exit_kind(code), code=code, noticed="launcher")
-        try:  # its process group, replaced or not: torchrun's own stop signals only the workers still running
-            context.subprocess_handlers[local_rank].close()  # what the lost worker left (data loader workers)
-        except ProcessLookupError:
-            pass
+        end_group(context.subprocess_handlers[local_rank])  # what the lost worker left, replaced or not
         why = self._why_not(worker_group, context, rank)
         if why:
             self.refusal = why

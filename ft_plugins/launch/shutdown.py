@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from ft_plugins import grace as estimates
-from ft_plugins.launch.process import GRACE, wait_gone
+from ft_plugins.launch.process import GRACE, end_group, wait_gone
 
 log = logging.getLogger("ft_plugins.launch")
 
@@ -122,10 +122,16 @@ class Planned:
                         estimates.describe(found), seconds)
         return seconds
 
-    def torch_close(self, wrapped: Callable[..., Any], _context: Any, args: tuple, kwargs: dict) -> Any:
+    def torch_close(self, wrapped: Callable[..., Any], context: Any, args: tuple, kwargs: dict) -> Any:
+        """torch's stop of the workers with the grace, then SIGKILL to what the failed ones left in their groups
+        (torch signals only those still running), as :meth:`msrun_kill` does."""
         death_sig = kwargs.pop("death_sig", args[0] if args else None)
         extra = {} if death_sig is None else {"death_sig": death_sig}
-        return wrapped(**extra, timeout=self.seconds())
+        result = wrapped(**extra, timeout=self.seconds())
+        for handler in getattr(context, "subprocess_handlers", {}).values():
+            if handler.proc.poll() not in (None, 0):
+                end_group(handler)
+        return result
 
     def msrun_kill(self, wrapped: Callable[..., Any], manager: Any, args: tuple, kwargs: dict) -> Any:
         """SIGTERM to each running worker's process group (msrun's SIGKILL goes to the group), the grace for

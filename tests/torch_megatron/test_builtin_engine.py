@@ -12,12 +12,16 @@ import os
 import shutil
 import subprocess
 import sys
+from typing import Iterator
 
 import pytest
 
-from ttp_runs import ITERS, Job, committed_dump, resumed_to_the_end, run_job, same_as_reference, slow_disk
+from support import wait_gone
+from ttp_runs import (ITERS, Job, children_started, committed_dump, end_children, probing_children,
+                      resumed_to_the_end, run_job, same_as_reference, slow_disk)
 
 from ft_plugins import grace
+from ft_plugins.processes import alive
 
 FAR = ("--save-interval", "100")
 TTP = {"FT_PLUGINS": "ttp,resume"}
@@ -105,13 +109,17 @@ SLOW_WRITE, GRACE = 2, 1  # seconds every checkpoint write takes more; torchrun'
 
 
 @pytest.fixture(scope="module")
-def dump_killed(tmp_path_factory: pytest.TempPathFactory) -> Job:
+def dump_killed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
     """The survivor's dump SIGKILLed mid-write by torchrun when its grace ends: every checkpoint write is slowed
     (a stalled file system) and torchrun's fixed 30 s stop shortened to the suite's clock (``slow_disk``), so the
     dump, like the periodic save of step 2 before it, needs longer than torchrun gives. Also the negative control
-    of ``test_dump_grace.py`` (where ``ft-plugins run`` gives the dump its time)."""
-    return _scenario(tmp_path_factory, "dump_killed", "--save-interval", "2", **slow_disk(SLOW_WRITE, GRACE),
-                     **_fault(f"rank=1,step={STEP},kind=kill"))
+    of ``test_dump_grace.py`` (where ``ft-plugins run`` gives the dump its time and ends what the killed rank left);
+    each worker starts a child that does not watch its parent (``fixtures/child_probe``)."""
+    workdir = tmp_path_factory.mktemp("dump_killed")
+    children = workdir / "children.txt"
+    yield run_job(workdir, "--save-interval", "2", **probing_children(children, {
+        **slow_disk(SLOW_WRITE, GRACE), **_fault(f"rank=1,step={STEP},kind=kill")}))
+    end_children(children)
 
 
 def test_dump_killed_mid_write_is_never_committed_and_resume_says_why(dump_killed: Job) -> None:
@@ -128,6 +136,15 @@ def test_dump_killed_mid_write_is_never_committed_and_resume_says_why(dump_kille
     assert measured.written == os.path.getsize(job.iteration(2) / "mp_rank_00" / "model_optim_rng.pt")
     assert job.lines("Unable to shutdown process"), "torchrun's SIGKILL, its grace over"
     assert not job.lines(f"dumped mp_rank_00 of iteration {STEP}")
+
+
+def test_plain_torchrun_leaves_what_the_killed_rank_started_running(dump_killed: Job) -> None:
+    """torch's stop signals only the workers still running: rank 1's child outlives the job (rank 0's, in the group
+    torch SIGTERMed, does not)."""
+    started = dict(children_started(dump_killed.save.parent / "children.txt"))
+    assert sorted(started) == ["0", "1"], started
+    assert alive(started["1"])
+    wait_gone([started["0"]], timeout=10)
 
 
 def test_plain_torchrun_rank_0_said_once_after_the_save_that_a_dump_needs_longer_than_its_grace(

@@ -15,10 +15,13 @@ write of the first attempt takes 2 s more.
 from __future__ import annotations
 
 import re
+from typing import Iterator
 
 import pytest
 
-from ttp_runs import ITERS, Job, Launch, run_supervised, same_as_reference, slow_disk
+from support import wait_gone
+from ttp_runs import (ITERS, Job, Launch, children_started, end_children, probing_children, run_supervised,
+                      same_as_reference, slow_disk)
 
 STEP = 3  # rank 1 dies as the step after 3 completed steps begins
 SLOW_WRITE, GRACE = 2, 1  # a write longer than torchrun's grace (its fixed 30 s, on the suite's clock)
@@ -30,11 +33,13 @@ def _trained(job: Job, iteration: int) -> int:
 
 
 @pytest.fixture(scope="module")
-def given(tmp_path_factory: pytest.TempPathFactory) -> Job:
+def given(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
     workdir = tmp_path_factory.mktemp("dump_grace")
-    return run_supervised(workdir, Launch(2), "--load", str(workdir / "ckpt"), "--save-interval", "2",
-                          launcher=RESTARTING, FT_PLUGINS="ttp,resume", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
-                          FT_PLUGINS_INJECT_FAULT=f"rank=1,step={STEP},kind=kill", **slow_disk(SLOW_WRITE, GRACE))
+    env = {"FT_PLUGINS": "ttp,resume", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+           "FT_PLUGINS_INJECT_FAULT": f"rank=1,step={STEP},kind=kill", **slow_disk(SLOW_WRITE, GRACE)}
+    yield run_supervised(workdir, Launch(2), "--load", str(workdir / "ckpt"), "--save-interval", "2",
+                         launcher=RESTARTING, **probing_children(workdir / "children.txt", env))
+    end_children(workdir / "children.txt")
 
 
 def test_run_raises_the_grace_to_what_the_periodic_save_measured_and_the_dump_completes(given: Job) -> None:
@@ -60,3 +65,15 @@ def test_the_relaunch_resumes_at_the_dumped_step_and_ends_bit_identical(given: J
     assert given.tracker() == str(ITERS)
     assert same_as_reference(given, reference, STEP) == []
     assert same_as_reference(given, reference, ITERS, rng=False) == []  # after a resume: see differences()
+
+
+def test_what_the_killed_rank_left_in_its_process_group_is_ended_before_the_restart(given: Job) -> None:
+    """Each worker started a child that does not watch its parent (``fixtures/child_probe``). torchrun's own stop
+    signals only the workers still running, so the killed rank 1's child would run on across the restart, holding
+    its device's memory (left under plain torchrun: ``test_builtin_engine.py``). Under ``run`` it is ended at the
+    stop, with rank 0's (SIGTERMed in its group)."""
+    started = children_started(given.save.parent / "children.txt")
+    assert sorted(rank for rank, _ in started) == ["0", "0", "1", "1"], started  # two attempts
+    first_attempt = started[:2]
+    assert sorted(rank for rank, _ in first_attempt) == ["0", "1"], started
+    wait_gone([child for _, child in first_attempt], timeout=10)

@@ -32,11 +32,11 @@ from typing import Any
 
 import pytest
 
-from support import path_first, wait_gone
-from ttp_runs import DP4, ITERS, SHARDS, TP, Job, Launch, committed_dump, run_supervised, same_as_reference
+from support import wait_gone
+from ttp_runs import (DP4, ITERS, SHARDS, TP, Job, Launch, children_started, committed_dump, probing_children,
+                      run_supervised, same_as_reference)
 
 RECOVER = {"FT_PLUGINS": "ttp,recover"}
-CHILD_PROBE = Path(__file__).resolve().parent / "fixtures" / "child_probe"
 INTERVAL = 3  # the chained run's periodic saves: steps 3 and 6
 # rank 1 killed in forward after 2 completed steps, rank 0 in the save of step 3, rank 3 inside step 5's update
 FIRST, SAVED, UPDATED = 2, 3, 4
@@ -161,13 +161,13 @@ def test_a_replacement_killed_while_it_joins_the_survivors_learn_it_then_the_dum
     the job ended, the replacement's included (not replaced, its process group is still ended)."""
     workdir = tmp_path_factory.mktemp("killed_joining")
     children = workdir / "children.txt"
-    job = _run(workdir, **RECOVER, PYTHONPATH=path_first(CHILD_PROBE), FT_TEST_CHILDREN=str(children),
-               FT_PLUGINS_INJECT_FAULT=f"rank=1,step={FIRST},kind=kill;rank=1,step=0,kind=kill,at=join,life=1")
+    job = _run(workdir, **probing_children(children, {
+        **RECOVER, "FT_PLUGINS_INJECT_FAULT": f"rank=1,step={FIRST},kind=kill;rank=1,step=0,kind=kill,at=join,life=1"}))
     committed_dump(job, FIRST)
     assert job.lines("rank 1 exited with code -9 and is not replaced: a second fault during recovery")
-    started = [line.split() for line in children.read_text().splitlines()]
-    assert sorted(rank for rank, _, _ in started) == ["0", "1", "1", "2", "3"], started  # and rank 1's replacement
-    wait_gone([int(child) for _, _, child in started], timeout=10)  # none outlived the job (else killed, failed)
+    started = children_started(children)
+    assert sorted(rank for rank, _ in started) == ["0", "1", "1", "2", "3"], started  # and rank 1's replacement
+    wait_gone([child for _, child in started], timeout=10)  # none outlived the job (else killed, failed)
     assert same_as_reference(job, reference, FIRST) == []
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import subprocess
 import sys
 from argparse import Namespace
@@ -15,7 +16,10 @@ from typing import Any
 
 from support import FAKES, MEGATRON_EXAMPLE, TORCHRUN, free_port, path_first, read_records, run_to_end
 
+from ft_plugins.processes import alive
+
 ITERS = 6
+CHILD_PROBE = Path(__file__).resolve().parent / "fixtures" / "child_probe"
 
 
 @dataclass
@@ -71,6 +75,27 @@ def run_supervised(workdir: Path, launch: "Launch", *args: str, launcher: tuple[
         clean["PYTHONPATH"] = os.pathsep.join(filter(None, [str(MEGATRON_EXAMPLE.parent), clean.get("PYTHONPATH")]))
     result = run_to_end(command, workdir, {**clean, **dict(launch.env), **env}, timeout=400)
     return Job(result.returncode, result.stdout + result.stderr, save)
+
+
+def probing_children(record: Path, env: dict[str, str]) -> dict[str, str]:
+    """``env`` for a job each of whose workers starts a child that does not watch its parent (``fixtures/child_probe``),
+    recorded in ``record``: see :func:`children_started`."""
+    path = env.get("PYTHONPATH", os.environ.get("PYTHONPATH"))
+    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(CHILD_PROBE), path])),
+            "FT_TEST_CHILDREN": str(record)}
+
+
+def children_started(record: Path) -> list[tuple[str, int]]:
+    """(rank, child pid) of each child the workers of a :func:`probing_children` job started, in order."""
+    return [(rank, int(child)) for rank, _, child in (line.split() for line in record.read_text().splitlines())]
+
+
+def end_children(record: Path) -> None:
+    """SIGKILL the children of a :func:`probing_children` job still running (those of workers that ended well: torch
+    leaves them, as it would a user's)."""
+    for _, child in children_started(record) if record.exists() else ():
+        if alive(child):
+            os.kill(child, signal.SIGKILL)
 
 
 def slow_disk(write: float, grace: float, sync: float = 0.0) -> dict[str, str]:
