@@ -114,8 +114,10 @@ def prepare_launcher(launcher: str) -> bool:
         from ft_plugins.launch import recover
 
         prepared = recover.install(recovering.settings["spares"]) or prepared
-    from ft_plugins.launch import shutdown
+    from ft_plugins.launch import leftovers, shutdown
 
+    if launcher == "torchrun":
+        leftovers.install()  # what a failed worker started never outlives the stop
     shutdown.install(launcher)  # the grace ``ft-plugins run`` planned, for the stop after a worker died too
     hangs = runtime.running(Hangs)
     if hangs is not None:  # after recover's: it ends a hung rank before recover looks

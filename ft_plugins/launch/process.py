@@ -149,17 +149,6 @@ def wait_gone(procs: Sequence[Any], seconds: float, poll: float = 0.05) -> bool:
     return True
 
 
-def end_group(handler: Any) -> None:
-    """SIGKILL what is left in the process group of a torchrun worker that failed (its ``SubprocessHandler``: torch
-    starts each worker in a session of its own, so its group is its pid, kept while anything the worker started
-    runs): torch's own stop signals only the workers still running, and a data loader worker whose parent died
-    would run on, holding its device's memory and the job's output."""
-    try:
-        handler.close(death_sig=signal.SIGKILL)
-    except ProcessLookupError:  # nothing was left
-        pass
-
-
 def _processes() -> list[tuple[int, int, bool]]:
     """(pid, parent pid, exited) of every process."""
     return [(pid, found[1], found[0]) for pid in all_pids() if (found := status(pid)) is not None]

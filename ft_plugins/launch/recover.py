@@ -35,14 +35,14 @@ from typing import Any, Callable, Sequence
 from ft_plugins import events
 from ft_plugins.config import RECOVERY_VAR
 from ft_plugins.launch.environment import launcher_options, torchrun_option
-from ft_plugins.launch.process import adopt_orphans, end_group, reap_adopted
+from ft_plugins.launch.leftovers import PROCESSES, end_group
+from ft_plugins.launch.process import adopt_orphans, reap_adopted
 from ft_plugins.launch.spare import EXIT, READY, TOOK, Lines
 from ft_plugins.recovery import REFUSED, key, namespace, replacement_value, trained
 
 log = logging.getLogger("ft_plugins.recover")
 
 AGENT = "torch.distributed.elastic.agent.server.local_elastic_agent"
-PROCESSES = "torch.distributed.elastic.multiprocessing.api"
 STORE_TIMEOUT = timedelta(seconds=30)
 PLACE = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK")
 ANSWER = 10.0  # seconds the spare template may take to hand a request to a spare (it takes milliseconds)

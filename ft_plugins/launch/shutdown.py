@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from ft_plugins import grace as estimates
-from ft_plugins.launch.process import GRACE, end_group, wait_gone
+from ft_plugins.launch.leftovers import PROCESSES
+from ft_plugins.launch.process import GRACE, wait_gone
 
 log = logging.getLogger("ft_plugins.launch")
 
-PROCESSES = "torch.distributed.elastic.multiprocessing.api"  # PContext.close(death_sig, timeout=30)
 MSRUN_MANAGER = "mindspore.parallel.cluster.process_entity._api"  # _ProcessManager.kill_worker_processes()
 
 
@@ -122,16 +122,10 @@ class Planned:
                         estimates.describe(found), seconds)
         return seconds
 
-    def torch_close(self, wrapped: Callable[..., Any], context: Any, args: tuple, kwargs: dict) -> Any:
-        """torch's stop of the workers with the grace, then SIGKILL to what the failed ones left in their groups
-        (torch signals only those still running), as :meth:`msrun_kill` does."""
+    def torch_close(self, wrapped: Callable[..., Any], _context: Any, args: tuple, kwargs: dict) -> Any:
         death_sig = kwargs.pop("death_sig", args[0] if args else None)
         extra = {} if death_sig is None else {"death_sig": death_sig}
-        result = wrapped(**extra, timeout=self.seconds())
-        for handler in getattr(context, "subprocess_handlers", {}).values():
-            if handler.proc.poll() not in (None, 0):
-                end_group(handler)
-        return result
+        return wrapped(**extra, timeout=self.seconds())
 
     def msrun_kill(self, wrapped: Callable[..., Any], manager: Any, args: tuple, kwargs: dict) -> Any:
         """SIGTERM to each running worker's process group (msrun's SIGKILL goes to the group), the grace for
