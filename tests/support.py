@@ -197,20 +197,32 @@ def kill_tree(pid: int) -> None:
 
 
 def abort_descendants(pid: int) -> None:
-    """SIGABRT every descendant of ``pid``: those started with ``PYTHONFAULTHANDLER=1`` (as :func:`run_to_end`
-    starts them) write every thread's Python stack to their stderr first, which says where a hung job stood."""
+    """SIGABRT every descendant of ``pid``, the deepest first: those started with ``PYTHONFAULTHANDLER=1`` (as
+    :func:`run_to_end` starts them) write every thread's Python stack to their stderr first, which says where a hung
+    job stood; the workers' own stacks come after their data loader workers', in the tail a failing test shows."""
     import psutil
 
+    levels: list[list[psutil.Process]] = []
     try:
-        family = psutil.Process(pid).children(recursive=True)
+        generation = psutil.Process(pid).children()
     except psutil.NoSuchProcess:
         return
-    for process in family:
-        try:
-            process.send_signal(signal.SIGABRT)
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(family, timeout=5)
+    while generation:
+        levels.append(generation)
+        below = []
+        for process in generation:
+            try:
+                below += process.children()
+            except psutil.NoSuchProcess:
+                pass
+        generation = below
+    for level in reversed(levels):
+        for process in level:
+            try:
+                process.send_signal(signal.SIGABRT)
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(level, timeout=5)
 
 
 def finish(process: subprocess.Popen, timeout: int) -> tuple[str, str]:
@@ -226,7 +238,7 @@ def finish(process: subprocess.Popen, timeout: int) -> tuple[str, str]:
         holders = kill_output_holders(process)  # orphans of the job (no descendants any more) keep its pipes open
         out, err = process.communicate()
         what = f"ended, but processes it left held its output: {holders}" if ended else "still running"
-        raise AssertionError(f"{what} after {timeout} s:\n{(out or '')[-4000:]}\n{(err or '')[-6000:]}") from None
+        raise AssertionError(f"{what} after {timeout} s:\n{(out or '')[-4000:]}\n{(err or '')[-12000:]}") from None
 
 
 def kill_output_holders(process: subprocess.Popen) -> list[int]:
