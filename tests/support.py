@@ -257,6 +257,16 @@ def kill_output_holders(process: subprocess.Popen) -> list[int]:
     return holders
 
 
+def kill_running(pids: Iterable[int]) -> None:
+    """SIGKILL those of ``pids`` still running (a test's leftovers)."""
+    from ft_plugins.processes import alive
+
+    for pid in pids:
+        if alive(pid):
+            with suppress(ProcessLookupError):  # gone meanwhile
+                os.kill(pid, signal.SIGKILL)
+
+
 def wait_gone(pids: list[int], timeout: float = 180) -> None:
     """Until none of ``pids`` runs (orphans finishing on their own), or kill them and fail."""
     from ft_plugins.processes import alive
@@ -264,9 +274,7 @@ def wait_gone(pids: list[int], timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
     while any(alive(pid) for pid in pids):
         if time.monotonic() > deadline:
-            for pid in pids:
-                if alive(pid):
-                    os.kill(pid, signal.SIGKILL)
+            kill_running(pids)
             raise AssertionError(f"processes {pids} still running after {timeout} s")
         time.sleep(0.1)
 

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from support import PYTHON, wait_gone
+from support import PYTHON, kill_running, wait_gone
 
 from ft_plugins.launch import leftovers
 from ft_plugins.processes import alive
@@ -42,9 +42,7 @@ def _worker(tmp_path: Path, name: str, code: int) -> tuple[Any, int]:
 def children() -> Iterator[list[int]]:
     started: list[int] = []
     yield started
-    for pid in started:
-        if alive(pid):
-            os.kill(pid, signal.SIGKILL)
+    kill_running(started)
 
 
 def test_a_failed_workers_group_is_ended_after_torchs_close_and_a_well_ended_ones_left(

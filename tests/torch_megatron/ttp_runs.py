@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import os
-import signal
 import subprocess
 import sys
 from argparse import Namespace
@@ -14,9 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from support import FAKES, MEGATRON_EXAMPLE, TORCHRUN, free_port, path_first, read_records, run_to_end
-
-from ft_plugins.processes import alive
+from support import FAKES, MEGATRON_EXAMPLE, TORCHRUN, free_port, kill_running, path_first, read_records, run_to_end
 
 ITERS = 6
 CHILD_PROBE = Path(__file__).resolve().parent / "fixtures" / "child_probe"
@@ -93,9 +90,8 @@ def children_started(record: Path) -> list[tuple[str, int]]:
 def end_children(record: Path) -> None:
     """SIGKILL the children of a :func:`probing_children` job still running (those of workers that ended well: torch
     leaves them, as it would a user's)."""
-    for _, child in children_started(record) if record.exists() else ():
-        if alive(child):
-            os.kill(child, signal.SIGKILL)
+    if record.exists():
+        kill_running(child for _, child in children_started(record))
 
 
 def slow_disk(write: float, grace: float, sync: float = 0.0) -> dict[str, str]:
