@@ -72,7 +72,8 @@ def ignore_children() -> None:
 
 def watch_signal(signum: int, act: Callable[[], None], name: str) -> None:
     """Call ``act`` in a thread of its own when ``signum`` arrives, a signal that ends the process; the
-    previous handler still runs (late, in the main thread). Call from the main thread."""
+    previous handler still runs (late, in the main thread). Call from the main thread. A process has one
+    wakeup descriptor: one set before (an asyncio loop's, another library's) still gets every signal's byte."""
     reader, writer = os.pipe()
     os.set_blocking(writer, False)
     previous = signal.getsignal(signum)
@@ -82,12 +83,26 @@ def watch_signal(signum: int, act: Callable[[], None], name: str) -> None:
         if callable(previous):
             previous(received, frame)
 
+    signal.signal(signum, chained)
+    before = signal.set_wakeup_fd(writer, warn_on_full_buffer=False)
+
     def watch() -> None:
         while True:
-            if signum in os.read(reader, 64):
+            received = os.read(reader, 64)
+            _pass_on(before, received)
+            if signum in received:
                 progress.report(progress.DUMP)  # at once: a launcher ending this rank sees the signal answered
                 act()
 
-    signal.signal(signum, chained)
-    signal.set_wakeup_fd(writer, warn_on_full_buffer=False)
     threading.Thread(target=watch, name=name, daemon=True).start()
+
+
+def _pass_on(descriptor: int, received: bytes) -> None:
+    """Write the signals' bytes to the wakeup descriptor set before ours (none: -1), as Python would have,
+    never blocking: a full or closed one loses them, as it would."""
+    if descriptor < 0:
+        return
+    try:
+        os.write(descriptor, received)
+    except OSError:
+        pass

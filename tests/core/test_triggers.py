@@ -73,3 +73,36 @@ def test_negative_control_the_same_save_outside_the_gasp_is_cut_short() -> None:
     bare = run("bare")
     assert bare.returncode == 1 and bare.stdout == ""
     assert "DataLoader worker (pid 1) is killed by signal" in bare.stderr
+
+
+CHAINED = """
+import os, signal, time
+from ft_plugins.triggers import watch_signal
+
+reader, writer = os.pipe()  # the wakeup descriptor another library (an asyncio loop) set before
+os.set_blocking(writer, False)
+signal.set_wakeup_fd(writer)
+signal.signal(signal.SIGUSR1, lambda *_: None)
+acted = []
+watch_signal(signal.SIGUSR2, lambda: acted.append(True), "watcher")
+os.kill(os.getpid(), signal.SIGUSR1)  # not the watched one: only the earlier descriptor cares
+os.kill(os.getpid(), signal.SIGUSR2)
+for _ in range(500):
+    if acted:
+        break
+    time.sleep(0.01)
+time.sleep(0.1)
+os.set_blocking(reader, False)
+try:
+    passed_on = sorted(os.read(reader, 64))
+except BlockingIOError:
+    passed_on = []
+print(passed_on == sorted([signal.SIGUSR1, signal.SIGUSR2]), acted, flush=True)
+"""
+
+
+def test_the_wakeup_descriptor_set_before_still_gets_every_signal() -> None:
+    """``signal.set_wakeup_fd`` holds one descriptor: the watcher passes each signal's byte on to the one it
+    replaced, the watched signal's and the others'."""
+    chained = subprocess.run([sys.executable, "-c", CHAINED], capture_output=True, text=True, timeout=60)
+    assert chained.stdout == "True [True]\n", chained.stdout + chained.stderr

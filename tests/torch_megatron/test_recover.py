@@ -261,3 +261,39 @@ def test_train_called_again_on_the_same_iterators_reuses_their_batches_with_the_
     chunks, given = kept([iter(range(10)), SimpleNamespace(iterable=iter(range(100, 110)))])
     chunks.skip(4)
     assert read(given) == [4, 104]
+
+
+def test_a_survivor_receives_its_state_outside_ttps_lock_so_a_sigterm_dumps_meanwhile(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A receive blocked on a silent source must not hold the step tracker's lock: a SIGTERM's dump freezes the
+    tracker under that lock, and would otherwise wait for the launcher's SIGKILL. The freeze is tried from another
+    thread while the receive blocks."""
+    import threading
+
+    from ft_plugins.recovery import STEP, Plan
+    from ft_plugins.steps import StepTracker
+    from ft_plugins.torch.megatron import recover
+
+    tracker = StepTracker()
+    tracker.begin(4, "the state of step 4")
+    frozen_meanwhile: list[Any] = []
+
+    def receive(source: int, group: Any) -> dict[str, Any]:
+        freezing = threading.Thread(target=lambda: frozen_meanwhile.append(tracker.freeze(0, exclusive=False)),
+                                    daemon=True)
+        freezing.start()
+        freezing.join(5)
+        return {"rng_state": None}
+
+    stub = SimpleNamespace(get_data_parallel_group_gloo=lambda **_: "group", get_num_microbatches=lambda: 1)
+    monkeypatch.setattr(recover, "megatron", lambda name: stub)
+    monkeypatch.setattr(recover, "receive", receive)
+    monkeypatch.setattr(recover, "apply", lambda *args: None)
+    monkeypatch.setattr(recover.loop, "rerun_anew", lambda: None)
+    recovery = recover.MegatronRecovery.__new__(recover.MegatronRecovery)
+    recovery.tracker, recovery.objects = tracker, (None, None, None)
+    recovery.batches = SimpleNamespace(rewind=lambda: None)
+    recovery._align = lambda phase, rng: None
+    decided = Plan(4, {0: 0}, {0: (1,)}, resume=STEP)
+    assert recovery._hand_over(1, decided, 0, (recover.Standing(-1, 4, 0, 0.0), None)) == recover.REPEAT
+    assert [frozen.completed for frozen in frozen_meanwhile] == [4], "the freeze waited for the receive"

@@ -86,6 +86,30 @@ def test_one_rank_lost_in_each_instance_nothing_committed_and_each_survivor_says
 
 
 @pytest.fixture(scope="module")
+def recover_gave_up(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    """``recover`` first: rank 1 killed, its replacement killed while it joins; the launcher leaves the rest to
+    torchrun, whose stop signals the survivors while ``recover`` holds their groups on torch's fake backend."""
+    return run_supervised(tmp_path_factory.mktemp("replicated_recover_gave_up"), DISTRIBUTED, *FAR,
+                          FT_PLUGINS="ttp,recover,resume",
+                          FT_PLUGINS_INJECT_FAULT=f"rank=1,step={STEP},kind=kill;rank=1,step=0,kind=kill,at=join,life=1")
+
+
+def test_a_dump_after_recover_gave_up_holds_every_optimizer_shard_of_the_complete_instance(
+        recover_gave_up: Job, reference: Job) -> None:
+    """The held groups' collectives return at once, and a gather on them hands every slot the caller's own
+    tensor: the incomplete instance's rank 0 "gathered" and wrote rank 0's optimizer shard twice, rank 1's
+    nowhere. Each instance now meets in a real group of its members for the gather: rank 1 does not come."""
+    job = recover_gave_up
+    committed_dump(job, STEP)
+    assert job.lines("is not replaced: a second fault during recovery"), job.output[-4000:]
+    assert job.lines(f"rank 2 dumped mp_rank_00 of iteration {STEP}"), job.output[-4000:]
+    assert job.lines("rank 0 writes nothing: its optimizer instance cannot gather its state (TimeoutError: rank 1 "
+                     "of [0, 1] did not come within"), job.output[-4000:]
+    assert same_as_reference(job, reference, STEP) == []
+    assert_bit_identical(reference.iteration(STEP) / OPTIMIZER, job.iteration(STEP) / OPTIMIZER, parts=None)
+
+
+@pytest.fixture(scope="module")
 def mindio_one_lost(tmp_path_factory: pytest.TempPathFactory) -> tuple[Job, list[dict[str, Any]]]:
     workdir = tmp_path_factory.mktemp("replicated_mindio")
     record = workdir / "mindio.jsonl"

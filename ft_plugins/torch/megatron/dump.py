@@ -31,6 +31,7 @@ from ft_plugins.features.ttp import Ttp
 from ft_plugins.rank import global_rank
 from ft_plugins.steps import FORWARD, UPDATED, Frozen
 from ft_plugins.torch import saving
+from ft_plugins.torch.megatron.regroup import real_twins
 from ft_plugins.torch.megatron.state import (RESUMES_TORCH_FORMAT, megatron, megatron_args, rng_state, saved_state,
                                              sharded_optimizers)
 from ft_plugins.torch.store import claim
@@ -250,21 +251,31 @@ def instance_state(optimizer: Any, iteration: int) -> Any:
     """The distributed optimizer's parameter state as ``save_parameter_state`` saves it, gathered inside this
     rank's optimizer instance only (its gloo group, never a lost rank's): on the instance's first rank, None
     on the others. Every member must call it; they first exchange ``iteration`` (-1: this rank has nothing
-    to dump) and raise unless all agree, so an instance never mixes steps. A lost member makes it raise."""
+    to dump) and raise unless all agree, so an instance never mixes steps. A lost member makes it raise.
+    Where ``recover`` held the groups (it gave up), the instance gathers in real groups of the same members."""
     import torch
     import torch.distributed as dist
 
     sharded = sharded_optimizers(optimizer)
-    group = sharded[0].data_parallel_group_gloo
-    mine = torch.tensor([iteration], dtype=torch.int64)
-    found = [torch.empty_like(mine) for _ in range(group.size())]
-    dist.all_gather(found, mine, group=group)
-    steps = [int(value) for value in found]
-    members = dist.get_process_group_ranks(group)
-    if iteration < 0 or len(set(steps)) != 1:
-        raise RuntimeError(f"the members {members} of this optimizer instance stand at steps {steps}")
-    states = [member.get_parameter_state_dp_zero() for member in sharded]
-    if sharded[0].data_parallel_group.rank() != 0:
+    held = [member.data_parallel_group_gloo for member in sharded]
+    with real_twins(held, f"ft_plugins/dump/{os.environ.get(RESTART_VAR, '0')}/{iteration}") as groups:
+        group = groups[0]
+        mine = torch.tensor([iteration], dtype=torch.int64)
+        found = [torch.empty_like(mine) for _ in range(group.size())]
+        dist.all_gather(found, mine, group=group)
+        steps = [int(value) for value in found]
+        members = dist.get_process_group_ranks(group)
+        if iteration < 0 or len(set(steps)) != 1:
+            raise RuntimeError(f"the members {members} of this optimizer instance stand at steps {steps}")
+        try:
+            for member, real in zip(sharded, groups):
+                member.data_parallel_group_gloo = real
+            states = [member.get_parameter_state_dp_zero() for member in sharded]
+        finally:
+            for member, group_held in zip(sharded, held):
+                member.data_parallel_group_gloo = group_held
+        first = group.rank() == 0
+    if not first:
         return None
     return states[0] if len(sharded) == 1 else states
 

@@ -297,9 +297,11 @@ class MegatronRecovery:
             return outcome
         if outcome == SAVE:  # every survivor stands in the save of K, holding K whole: nothing else moves
             return SAVE
+        # received outside ttp's lock, which a SIGTERM's dump takes: a receive blocked on a silent source would
+        # otherwise hold the dump back until the launcher's SIGKILL
+        state = receive(source, group) if rank in receivers else None
         with self.tracker.holding():
-            if rank in receivers:
-                state = receive(source, group)
+            if state is not None:
                 apply(state, model, optimizer, scheduler)
                 rng = state["rng_state"]
             else:

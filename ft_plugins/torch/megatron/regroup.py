@@ -17,8 +17,10 @@ import logging
 import os
 import sys
 import threading
+import zlib
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from ft_plugins.patching import Patch
 from ft_plugins.torch.megatron.state import megatron
@@ -26,6 +28,7 @@ from ft_plugins.torch.megatron.state import megatron
 log = logging.getLogger("ft_plugins.recover")
 
 DESTROY_BOUND = 10.0  # seconds; measured: destroying a broken gloo group takes <= 30 ms
+MEETING_BOUND = 10.0  # seconds the members of a held group wait for one another before they meet in a real one
 DEFAULT = "<default>"
 _DESCEND = ("megatron", "mindspeed", "ft_plugins", "torch.nn")
 
@@ -184,6 +187,53 @@ class Regroup:
             _parallel_state().initialize_model_parallel(*args, **kwargs)
         finally:
             self.fake = False
+
+
+@contextmanager
+def real_twins(groups: list[Any], key: str, bound: float = MEETING_BOUND) -> Iterator[list[Any]]:
+    """``groups`` themselves; while the groups are held on the fake backend, real gloo groups of the same
+    members instead (destroyed on exit), in the same order. A held group's collectives return at once and its
+    gather hands every slot the caller's own tensor, so what is gathered there (a dump's optimizer state) would
+    be the caller's shard repeated. Every member calls this with the same groups in the same order and ``key``;
+    a member that does not come within ``bound`` (it is lost) makes it raise, naming it."""
+    import torch.distributed as dist
+
+    if not Regroup.holding():
+        yield groups
+        return
+    store = dist.distributed_c10d._get_default_store()
+    twins: dict[int, Any] = {}
+    try:
+        for group in groups:
+            if id(group) not in twins:
+                twins[id(group)] = _meet(dist.get_process_group_ranks(group), store, key, bound)
+        yield [twins[id(group)] for group in groups]
+    finally:
+        for twin in twins.values():
+            dist.destroy_process_group(twin)
+
+
+def _meet(members: list[int], store: Any, key: str, bound: float) -> Any:
+    """A real gloo group of ``members``, once each has said on ``store`` that it is here. Its name is the same on
+    every member by construction (torch names a group by how many the caller made before, which differs once
+    ranks were members of different groups), and differs between member sets, so each group's connections
+    meet on keys of its own."""
+    import torch.distributed as dist
+
+    meeting = f"{key}/{'-'.join(map(str, members))}"
+    store.set(f"{meeting}/{dist.get_rank()}", b"")
+    try:
+        store.wait([f"{meeting}/{member}" for member in members], timedelta(seconds=bound))
+    except Exception:
+        absent = [member for member in members if not store.check([f"{meeting}/{member}"])]
+        raise TimeoutError(f"rank{'s' if len(absent) > 1 else ''} {', '.join(map(str, absent))} of {members} "
+                           f"did not come within {bound:.0f} s") from None
+    world = dist.distributed_c10d._world
+    counted, world.group_count = world.group_count, 1_000_000 + zlib.crc32(meeting.encode())
+    try:
+        return dist.new_group(members, backend="gloo")
+    finally:
+        world.group_count = counted
 
 
 def _sockets() -> set[str]:
