@@ -9,12 +9,18 @@ by their experts too, rank 0 sent its own (expert 0's) and the run ended with ex
 save's expert shards (``mp_rank_00_000``, ``mp_rank_00_001``: the latter written by the replacement) are the
 uninterrupted run's bit for bit, optimizer included. With Megatron's distributed optimizer the experts' optimizer
 shards are not handed over yet: refused at the start (``tests/torch_megatron/test_recover.py``).
+
+``ttp``'s dump with the distributed optimizer (every rank SIGTERMed, as a preemption does): Megatron's chained
+optimizer saves the experts' part of ``distrib_optim.pt`` on the first rank of each expert group, so rank 1 writes
+``mp_rank_00_001``'s file with the dense part empty. The dump wrote only the dense group's first rank's, so
+``mp_rank_00_001`` had no writer and the dump was never committed.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from support import assert_bit_identical
 from ttp_runs import ITERS, Job, Launch, run_supervised, same_as_reference
 
 MOE = Launch(4, ("--num-experts", "2", "--expert-model-parallel-size", "2", "--moe-router-topk", "1",
@@ -46,3 +52,30 @@ def test_the_final_save_of_each_expert_shard_is_the_uninterrupted_runs(recovered
     assert sorted(path.name for path in recovered.iteration(ITERS).iterdir()) == list(EXPERT_SHARDS)
     for shard in EXPERT_SHARDS:
         assert same_as_reference(recovered, reference, ITERS, shard=shard) == [], shard
+
+
+DISTRIBUTED = Launch(MOE.nproc, (*MOE.args, "--use-distributed-optimizer"))
+PREEMPTED = 2  # every rank SIGTERMed in the step after 2 completed steps
+
+
+@pytest.fixture(scope="module")
+def distributed_reference(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    return DISTRIBUTED.reference(tmp_path_factory.mktemp("moe_distributed_reference"))
+
+
+@pytest.fixture(scope="module")
+def preempted(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    faults = ";".join(f"rank={rank},step={PREEMPTED},kind=term" for rank in range(MOE.nproc))
+    return DISTRIBUTED.run(tmp_path_factory.mktemp("moe_preempted"), *FAR, FT_PLUGINS="ttp,resume",
+                           FT_PLUGINS_TTP_REPLICAS="1", FT_PLUGINS_INJECT_FAULT=faults)
+
+
+def test_the_dump_of_each_expert_shard_is_committed_with_its_optimizer_state_bit_for_bit(
+        preempted: Job, distributed_reference: Job) -> None:
+    assert preempted.returncode != 0 and preempted.tracker() == str(PREEMPTED), preempted.output[-4000:]
+    for rank, shard in ((0, EXPERT_SHARDS[0]), (1, EXPERT_SHARDS[1])):  # each expert group's first rank
+        assert preempted.lines(f"rank {rank} dumped {shard} of iteration {PREEMPTED}"), preempted.output[-4000:]
+    for shard in EXPERT_SHARDS:
+        assert same_as_reference(preempted, distributed_reference, PREEMPTED, shard=shard) == [], shard
+        assert_bit_identical(distributed_reference.iteration(PREEMPTED) / shard / "distrib_optim.pt",
+                             preempted.iteration(PREEMPTED) / shard / "distrib_optim.pt", parts=None)

@@ -186,7 +186,7 @@ class MegatronDump:
                             reason, rank, type(exc).__name__, exc)
                 return
             if optimizer_state is None:
-                return  # the instance's first rank writes
+                return  # the first rank of the instance (of each of its parts) writes
             writes[OPTIMIZER_FILENAME] = lambda path: saving.save(optimizer_state, path)
         if not claim(f"ft_plugins/ttp/{os.environ.get(RESTART_VAR, '0')}/{iteration}/{shard}"):
             log.debug("ttp: %s: another survivor writes %s of iteration %d", reason, shard, iteration)
@@ -249,10 +249,13 @@ def distributed_optimizer() -> bool:
 
 def instance_state(optimizer: Any, iteration: int) -> Any:
     """The distributed optimizer's parameter state as ``save_parameter_state`` saves it, gathered inside this
-    rank's optimizer instance only (its gloo group, never a lost rank's): on the instance's first rank, None
-    on the others. Every member must call it; they first exchange ``iteration`` (-1: this rank has nothing
-    to dump) and raise unless all agree, so an instance never mixes steps. A lost member makes it raise.
-    Where ``recover`` held the groups (it gave up), the instance gathers in real groups of the same members."""
+    rank's optimizer instance only (its gloo group, never a lost rank's): on a rank that saves it, None on the
+    others. A chained optimizer (MoE: the dense and the experts' parts, each sharded over its own group) is
+    saved, as Megatron saves it, as a list with one slot per part, filled on the part's first rank: the first
+    rank of an expert group writes its shard's file with the dense slot empty. Every member must call it; they
+    first exchange ``iteration`` (-1: this rank has nothing to dump) and raise unless all agree, so an instance
+    never mixes steps. A lost member makes it raise. Where ``recover`` held the groups (it gave up), the instance
+    gathers in real groups of the same members."""
     import torch
     import torch.distributed as dist
 
@@ -274,10 +277,9 @@ def instance_state(optimizer: Any, iteration: int) -> Any:
         finally:
             for member, group_held in zip(sharded, held):
                 member.data_parallel_group_gloo = group_held
-        first = group.rank() == 0
-    if not first:
-        return None
-    return states[0] if len(sharded) == 1 else states
+    if len(getattr(optimizer, "chained_optimizers", None) or [optimizer]) == 1:
+        return states[0]
+    return states if any(state is not None for state in states) else None
 
 
 def _shards(checkpointing: Any, save_dir: str, iteration: int) -> tuple[str, tuple[str, ...]]:
