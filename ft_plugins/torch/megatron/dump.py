@@ -255,7 +255,8 @@ def instance_state(optimizer: Any, iteration: int) -> Any:
     rank of an expert group writes its shard's file with the dense slot empty. Every member must call it; they
     first exchange ``iteration`` (-1: this rank has nothing to dump) and raise unless all agree, so an instance
     never mixes steps. A lost member makes it raise. Where ``recover`` held the groups (it gave up), the instance
-    gathers in real groups of the same members."""
+    gathers in real groups of the same members. The members' model weights are gathered too
+    (:func:`gather_parameters`), so the model file holds the step the optimizer state does."""
     import torch
     import torch.distributed as dist
 
@@ -270,6 +271,8 @@ def instance_state(optimizer: Any, iteration: int) -> Any:
         members = dist.get_process_group_ranks(group)
         if iteration < 0 or len(set(steps)) != 1:
             raise RuntimeError(f"the members {members} of this optimizer instance stand at steps {steps}")
+        for member, real in zip(sharded, groups):
+            gather_parameters(member, real)
         try:
             for member, real in zip(sharded, groups):
                 member.data_parallel_group_gloo = real
@@ -280,6 +283,24 @@ def instance_state(optimizer: Any, iteration: int) -> Any:
     if len(getattr(optimizer, "chained_optimizers", None) or [optimizer]) == 1:
         return states[0]
     return states if any(state is not None for state in states) else None
+
+
+def gather_parameters(optimizer: Any, group: Any) -> None:
+    """Every shard of the model weights ``optimizer`` shards, from the rank that updates it, in ``group`` (its
+    instance's gloo group). A rank's update writes only its own shard; the others arrive by Megatron's parameter
+    all-gather after the update, and with ``--overlap-param-gather`` bucket by bucket inside the next step's
+    forward, which a frozen rank never runs: the weights as they stand mix two steps. Megatron's own all-gather
+    runs in another group, which the main thread may still be using; each rank's shard of a bucket is the same
+    slice that one sends."""
+    import torch.distributed as dist
+
+    size, rank = group.size(), group.rank()
+    for buffer in optimizer.buffers:
+        for bucket in buffer.buckets:
+            if bucket.param_data is None:
+                continue
+            shards = list(bucket.param_data.view(size, -1).unbind(0))
+            dist.all_gather(shards, shards[rank].clone(), group=group)
 
 
 def _shards(checkpointing: Any, save_dir: str, iteration: int) -> tuple[str, tuple[str, ...]]:
