@@ -108,6 +108,11 @@ def write_manifest(checkpoint_dir: str, files: Iterable[str] | None = None, *, n
     return target
 
 
+def is_dump(manifest: Any) -> bool:
+    """Whether a manifest (as :func:`manifest_or_problem` gives it) commits a dying-gasp dump."""
+    return isinstance(manifest, dict) and isinstance(manifest.get("info"), dict) and manifest["info"].get("dump") is True
+
+
 def read_manifest(path: str) -> dict[str, Any] | None:
     """The manifest at ``path``, None when there is none; ManifestError when it is unreadable or malformed
     (every entry must name a file inside the checkpoint and record its size and sample digest)."""

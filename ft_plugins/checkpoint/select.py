@@ -18,7 +18,8 @@ from typing import Any, Callable
 
 from ft_plugins.checkpoint.errors import CheckpointError
 from ft_plugins.checkpoint.layouts import FORMATS, Candidate, Layout, detect
-from ft_plugins.checkpoint.manifest import content_problems, listed_files, manifest_or_problem, size_problems
+from ft_plugins.checkpoint.manifest import (content_problems, is_dump, listed_files, manifest_or_problem,
+                                            size_problems)
 from ft_plugins.checkpoint.parallel import each, side_by_side
 from ft_plugins.checkpoint.probes import probe
 from ft_plugins.checkpoint.verdicts import Snapshot, recall, record
@@ -137,30 +138,32 @@ class _Examiner:
 
     def _file_problems(self, candidate: Candidate, files: dict[str, str]) -> tuple[list[str], list[str], list[str]]:
         """``(manifest problems, manifests not written, probe problems)`` of the candidate's own files; where
-        the layout keeps verdicts, a recorded verdict that still matches the files stands for the checks."""
-        if not self.layout.keeps_verdicts:
-            return self._checked(candidate, files, {manifest: manifest_or_problem(manifest)
-                                                    for manifest, _ in candidate.manifests}, os.stat)
-        snapshot = Snapshot(candidate.path, (manifest for manifest, _ in candidate.manifests))
+        the layout keeps verdicts, a recorded verdict that still matches the files stands for the checks. A
+        dying-gasp dump is checked deep (every archive member's CRC): it was committed before its data reached
+        the disk, and a node crash can bring a file back at its size with zeros where its head and tail are not."""
         manifests = {manifest: manifest_or_problem(manifest) for manifest, _ in candidate.manifests}
+        deep = self.deep or any(is_dump(found) for found in manifests.values())
+        if not self.layout.keeps_verdicts:
+            return self._checked(candidate, files, manifests, os.stat, deep)
+        snapshot = Snapshot(candidate.path, (manifest for manifest, _ in candidate.manifests))
         snapshot.add([*files.values(), *(path for manifest, base in candidate.manifests
                                          for path in listed_files(manifests[manifest], base))])
-        if recall(snapshot, self.deep):
+        if recall(snapshot, deep):
             return [], [_whose(candidate, base) + os.path.basename(manifest) for manifest, base in candidate.manifests
                         if manifests[manifest] is None], []
-        found = self._checked(candidate, files, manifests, snapshot.stat)
+        found = self._checked(candidate, files, manifests, snapshot.stat, deep)
         if not found[0] and not found[2]:
-            record(snapshot, self.deep)
+            record(snapshot, deep)
         return found
 
     def _checked(self, candidate: Candidate, files: dict[str, str], manifests: dict[str, dict[str, Any] | str | None],
-                 stat_of: Callable[[str], os.stat_result]) -> tuple[list[str], list[str], list[str]]:
+                 stat_of: Callable[[str], os.stat_result], deep: bool) -> tuple[list[str], list[str], list[str]]:
         """The full check: each manifest compared with the files' stats, then, unless that found damage, their
         content (read side by side with the probes of every file); once damage is found, only the damaged
         files are probed: a damaged newest costs its stats. Kinds and sizes by ``stat_of``."""
         sized = {manifest: size_problems(manifests[manifest], base, stat_of) for manifest, base in candidate.manifests}
-        probed = lambda chosen: each(lambda path: probe(path, self.deep, stat_of), chosen.values())  # noqa: E731
-        read = lambda: {manifest: content_problems(sized[manifest], base, self.deep)  # noqa: E731
+        probed = lambda chosen: each(lambda path: probe(path, deep, stat_of), chosen.values())  # noqa: E731
+        read = lambda: {manifest: content_problems(sized[manifest], base, deep)  # noqa: E731
                         for manifest, base in candidate.manifests if sized[manifest]}
         if any(found and found.problems for found in sized.values()):
             damaged = {path for found in sized.values() if found for path in found.damaged}

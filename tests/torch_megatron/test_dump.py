@@ -183,6 +183,33 @@ def test_a_committed_dump_a_crash_of_the_node_cut_short_before_its_sync_is_passe
     assert "mp_rank_01/model_optim_rng.pt" in selection.skipped[0].reason, selection.skipped[0].reason
 
 
+def _large_zip(path: str) -> None:
+    import torch
+
+    torch.save({"weights": torch.arange(200_000, dtype=torch.float32)}, path)  # 800 KB: more than the sampled ends
+
+
+def test_a_committed_dump_whose_node_crash_left_zeroed_extents_of_the_right_size_is_passed_over(tmp_path: Path) -> None:
+    """A node crash can bring a file back at its size with extents never written back read as zeros: the sizes and
+    the sampled head and tail match the manifest, and torch's reader does not check the archive's CRC-32s. A dump
+    (committed without an fsync) is checked deep at its first judging: every member's CRC. A periodic save's
+    fast check is not (reading every save whole at every start is not the fast check's cost)."""
+    for iteration in (4, 5):
+        for shard in SHARDS:
+            write_part(str(tmp_path), Part(shard, iteration, SHARDS, 0), {"model_optim_rng.pt": _large_zip})
+        assert commit_dump(str(tmp_path), iteration, durable=False).committed
+    zeroed = Path(final_dir(str(tmp_path), 5)) / "mp_rank_01" / "model_optim_rng.pt"
+    with open(zeroed, "r+b") as handle:
+        handle.seek(200_000)
+        handle.write(bytes(300_000))
+    selection = find_latest(tmp_path, "megatron")
+    assert selection.iteration == 4, selection
+    assert [s.path for s in selection.skipped] == [final_dir(str(tmp_path), 5)]
+    assert "mp_rank_01/model_optim_rng.pt: member" in selection.skipped[0].reason, selection.skipped[0].reason
+    assert "fails its CRC check" in selection.skipped[0].reason
+    assert find_latest(tmp_path, "megatron").iteration == 4, "judged again at the next start: no verdict was kept"
+
+
 def test_a_dump_never_replaces_a_periodic_save_of_the_same_step(tmp_path: Path) -> None:
     (Path(final_dir(str(tmp_path), 5)) / "mp_rank_00").mkdir(parents=True)  # a periodic save, half-written
     for shard in SHARDS:
