@@ -114,10 +114,11 @@ def prepare_launcher(launcher: str) -> bool:
         from ft_plugins.launch import recover
 
         prepared = recover.install(recovering.settings["spares"]) or prepared
-    from ft_plugins.launch import leftovers, shutdown
+    from ft_plugins.launch import failures, leftovers, shutdown
 
     if launcher == "torchrun":
         leftovers.install()  # what a failed worker started never outlives the stop
+        failures.install()  # the job's events name the workers that failed, not those stopped after them
     shutdown.install(launcher)  # the grace ``ft-plugins run`` planned, for the stop after a worker died too
     hangs = runtime.running(Hangs)
     if hangs is not None:  # after recover's: it ends a hung rank before recover looks

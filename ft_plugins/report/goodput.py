@@ -7,9 +7,13 @@ work between steps counts); start-up (to the job's first step); else ``other`` (
 
 A fault is the cluster of what saw it: the fire drill's shot, the launcher's notice of a death, the watchdog's of a
 hang, a survivor's of a peer's exit (MindSpore's built-in dump), a dying gasp (SIGTERM, an exception), a survivor
-catching it. Its rank and kind come from the most direct witness in that order; it ends when every rank trains again:
-each one repaired in place (one recovery generation), or each process of the restarted job (torchrun's next attempt, or
-a launch by another launcher: msrun started again) at its first step.
+catching it. Its kind comes from the most direct witness in that order. Its rank is who failed, not who noticed first:
+the worker torchrun's launcher found failed first (of several found in one look, the one the workers' own record
+names, else the first); without the launcher's record (plain torchrun), the most direct of the others: the drill's
+shot, the watchdog's or a peer's notice, else the first process to gasp (a SIGTERMed worker, before torchrun stops
+its peers) or catch it. It ends when every rank trains again: each one repaired in place (one recovery generation), or
+each process of the restarted job (torchrun's next attempt, or a launch by another launcher: msrun started again) at
+its first step.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ SAVES, RECOMPUTED, STARTUP, TRAINING, OTHER = "checkpoint saves", "steps recompu
 PRIORITY = (DETECTION, DUMP, RESTART, IN_PLACE, SAVES, RECOMPUTED, TRAINING, STARTUP)  # first wins
 BADPUT = (STARTUP, SAVES, DETECTION, DUMP, RESTART, IN_PLACE, RECOMPUTED)
 WITNESSES = ("injected", "watchdog", "launcher", "peer", "gasp", "caught")  # the most direct first
-NAMING = ("injected", "watchdog", "launcher", "peer")  # the witnesses that name the rank at fault
+NAMING = ("injected", "watchdog", "peer")  # besides the launcher, those naming the rank at fault (others: their own)
 
 
 @dataclass
@@ -164,11 +168,9 @@ def _again(record: Record, began: float, end: float) -> tuple[float | None, Any]
 
 
 def _fault(record: Record, cluster: list, steps: list, spans: list, end: float) -> Fault:
-    primary = min(cluster, key=lambda pair: WITNESSES.index(_witness(pair[0])))
-    event, process = primary
+    event, _ = _most_direct(cluster)
     began = min(_began(pair) for pair in cluster)
-    witness = _witness(event)
-    rank = event.get("rank") if witness in NAMING else process.rank
+    rank = _failed_rank(cluster)
     kind = event.get("kind") or "death"
     noticed = min((pair[0]["t"] for pair in cluster if _witness(pair[0]) != "injected"), default=began)
     again, met = _again(record, began, end)
@@ -193,6 +195,24 @@ def _fault(record: Record, cluster: list, steps: list, spans: list, end: float) 
     redone = {step for start, _, step, _ in steps if start >= again_at and step <= completed} if again else set()
     return Fault(began, rank, kind, how, event.get("section"), None if again is None else again - began, lost,
                  len(redone), {label: max(0.0, stop_at - start) for label, (start, stop_at) in phases.items()})
+
+
+def _most_direct(pairs: list) -> tuple:
+    """The (event, process) of the most direct witness among ``pairs`` (the earliest of them, of one kind)."""
+    return min(pairs, key=lambda pair: WITNESSES.index(_witness(pair[0])))
+
+
+def _failed_rank(cluster: list) -> int | None:
+    """Who failed (see the module's docstring): the launcher's first look, the workers' own record between the ranks
+    that look found, or instead of it."""
+    own = [pair for pair in cluster if _witness(pair[0]) != "launcher"]
+    named = None
+    if own:
+        event, process = _most_direct(own)
+        named = event.get("rank") if _witness(event) in NAMING else process.rank
+    seen = [event for event, _ in cluster if _witness(event) == "launcher"]  # in time order: the cluster's
+    first_look = [event.get("rank") for event in seen if event["t"] == seen[0]["t"]]
+    return named if not first_look or named in first_look else first_look[0]
 
 
 def _sweep(spans: list[tuple[float, float, str, Any]]) -> dict[str, float]:

@@ -120,6 +120,55 @@ def test_a_hang_begins_when_the_rank_went_quiet(tmp_path: Path) -> None:
     assert fault.at == near(5.0) and fault.to_training == near(5.0)
 
 
+def restarted_job(folder: Path, launcher: tuple[dict[str, Any], ...], first: dict[str, Any] | None,
+                  rank0: tuple[dict[str, Any], ...] = (), rank1: tuple[dict[str, Any], ...] = ()) -> None:
+    """2 ranks, steps 1-3, a fault at 5.0 s met by a dump and torchrun's restart (attempt 1 trains from 8 s);
+    ``launcher``: the launcher's lines (none: plain torchrun, no launcher file); ``first``: the first gasp, at 5.0 s
+    (None: none); each rank's own lines after that; the dump at 5.5 s."""
+    if launcher:
+        write(folder, "launcher", {"role": "launcher", "rank": None}, *launcher)
+    gasp = [] if first is None else [{"t": 5.0, "ev": "gasp", "reason": "SIGTERM", "kind": "signal", "completed": 3}]
+    for rank, lines in ((0, rank0), (1, rank1)):
+        write(folder, f"rank{rank}", {"rank": rank}, *steps(1, 3, 2.0),
+              *(gasp if first is not None and first["rank"] == rank else []), *lines,
+              *([{"t": 5.5, "ev": "dump", "step": 3, "seconds": 0.5}] if rank == 0 else []))
+        write(folder, f"rank{rank}-attempt1", {"rank": rank, "attempt": 1, "at": 6.0}, *steps(4, 5, 8.0))
+
+
+def seen(t: float, rank: int, code: int) -> dict[str, Any]:
+    """A worker the launcher found failed."""
+    return {"t": t, "ev": "fault", "rank": rank, "kind": events.exit_kind(code), "code": code, "noticed": "launcher"}
+
+
+STOPPED = {"t": 5.3, "ev": "gasp", "reason": "SIGTERM", "kind": "signal", "completed": 3}  # torchrun's stop, seen
+
+
+def test_the_rank_is_the_one_the_launcher_found_failed_not_the_first_to_notice(tmp_path: Path) -> None:
+    """Rank 1 SIGKILLed at 5.0 s writes nothing; torchrun finds it failed at 5.1 s and stops rank 0, which gasps at
+    5.3 s and dumps: the launcher's record names rank 1, though only rank 0 wrote of the fault."""
+    restarted_job(tmp_path, (seen(5.1, 1, -9),), None, rank0=(STOPPED,))
+    [fault] = analyse(read(str(tmp_path))).faults
+    assert (fault.rank, fault.kind, fault.how) == (1, "death", "dump + restart")
+    assert fault.at == near(5.1) and fault.to_training == near(8.0 - 5.1)
+
+
+def test_without_the_launchers_record_the_first_to_gasp_is_named(tmp_path: Path) -> None:
+    """Plain torchrun: rank 1, SIGTERMed, gasps at 5.0 s; rank 0 gasps when torchrun stops it, at 5.3 s."""
+    restarted_job(tmp_path, (), {"rank": 1}, rank0=(STOPPED,))
+    [fault] = analyse(read(str(tmp_path))).faults
+    assert (fault.rank, fault.kind, fault.how) == (1, "signal", "dump + restart")
+
+
+def test_several_found_failed_in_one_look_the_one_the_workers_name_else_the_first(tmp_path: Path) -> None:
+    """Both ranks' exits fell between two looks of the launcher (one time, both named): rank 1's own SIGTERM gasp
+    picks it; with no rank's own record, the look's first is named."""
+    look = (seen(5.4, 0, 1), seen(5.4, 1, 143))
+    restarted_job(tmp_path / "gasped", look, {"rank": 1}, rank0=(STOPPED,))
+    assert [fault.rank for fault in analyse(read(str(tmp_path / "gasped"))).faults] == [1]
+    restarted_job(tmp_path / "silent", look, None)
+    assert [fault.rank for fault in analyse(read(str(tmp_path / "silent"))).faults] == [0]
+
+
 def test_no_events_is_refused_saying_where_it_looked(tmp_path: Path) -> None:
     with pytest.raises(Refused, match=f"no events found: looked for \\*.jsonl in {tmp_path} and {tmp_path}/ft_events"):
         read(str(tmp_path))
