@@ -49,6 +49,7 @@ class Part:
     shards: tuple[str, ...]  # every shard of the run: what the dump must cover
     writer: int  # global rank of the writer
     files: tuple[str, ...] = ()  # what the part holds, each checked before a commit
+    attempt: str = ""  # the dump it belongs to, the same for every writer of one dump (none: an older record)
 
 
 @dataclass
@@ -102,7 +103,7 @@ def read_part(shard_dir: str) -> Part | None:
         with open(os.path.join(shard_dir, PART_RECORD), "rb") as handle:
             data = json.loads(handle.read())
         return Part(str(data["shard"]), int(data["iteration"]), tuple(data["shards"]), int(data["writer"]),
-                    tuple(str(name) for name in data.get("files", ())))
+                    tuple(str(name) for name in data.get("files", ())), str(data.get("attempt", "")))
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError):
@@ -133,6 +134,8 @@ def dump_problems(directory: str) -> list[str]:
     problems = []
     holders: dict[str, list[int]] = {}
     expected: set[str] = set()
+    attempts: dict[str, list[str]] = {}
+    layouts: set[tuple[str, ...]] = set()
     for shard in shard_dirs:
         part = read_part(os.path.join(directory, shard))
         if part is None:
@@ -145,6 +148,14 @@ def dump_problems(directory: str) -> list[str]:
         else:
             holders.setdefault(shard, []).append(part.writer)
             expected.update(part.shards)
+            attempts.setdefault(part.attempt, []).append(shard)
+            layouts.add(part.shards)
+    if len(attempts) > 1:
+        problems.append("parts of different dumps of the step (" + "; ".join(
+            f"{', '.join(shards)} of {attempt or 'an unnamed one'}" for attempt, shards in sorted(attempts.items()))
+            + "): an earlier attempt's parts are never committed with a later one's")
+    if len(layouts) > 1:
+        problems.append(f"parts of different layouts ({' / '.join(', '.join(layout) for layout in sorted(layouts))})")
     if not holders and not problems:
         problems.append("no parts written")
     missing = uncovered(expected, holders)

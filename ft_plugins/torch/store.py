@@ -1,7 +1,8 @@
 """torchrun's store as a meeting point that needs no collective (a survivor of a lost peer can still use it).
 
 :func:`claim`: the first ``store.add`` of a key wins, so exactly one survivor writes each part of a
-dying-gasp save, whatever the others are blocked in. :func:`distributed`: whether there are peers to meet.
+dying-gasp save, whatever the others are blocked in. :func:`agreed`: the first value offered for a key, the same
+for every caller. :func:`distributed`: whether there are peers to meet.
 """
 
 from __future__ import annotations
@@ -21,6 +22,27 @@ def distributed() -> Any:
     return dist
 
 
+def _root_store() -> Any:
+    """The default group's store without its prefixes: torchrun's own, the same under every group generation."""
+    from torch.distributed import PrefixStore
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    store = _get_default_store()
+    while isinstance(store, PrefixStore):
+        store = store.underlying_store
+    return store
+
+
+def agreed(key: str, mine: str) -> str:
+    """The value the first caller offered for ``key`` on torchrun's store, which every caller gets; ``mine``
+    without a reachable store (one process alone)."""
+    try:
+        return _root_store().compare_set(key, "", mine).decode()
+    except Exception as exc:
+        log.debug("ttp: no store to agree on %s (%s: %s); this process's own value", key, type(exc).__name__, exc)
+        return mine
+
+
 def claim(key: str) -> bool:
     """Whether this rank is the writer for ``key``: the first ``store.add`` on torchrun's store (which outlives
     every worker) wins. Without a reachable store every survivor writes.
@@ -30,13 +52,7 @@ def claim(key: str) -> bool:
     through their own prefix, would each have won, and the first to commit the dump took the other's
     half-written part into it."""
     try:
-        from torch.distributed import PrefixStore
-        from torch.distributed.distributed_c10d import _get_default_store
-
-        store = _get_default_store()
-        while isinstance(store, PrefixStore):
-            store = store.underlying_store
-        return int(store.add(key, 1)) == 1
+        return int(_root_store().add(key, 1)) == 1
     except Exception as exc:
         log.debug("ttp: writer claim unavailable (%s: %s); writing anyway", type(exc).__name__, exc)
         return True

@@ -70,6 +70,41 @@ def test_parts_from_different_steps_are_never_committed(tmp_path: Path) -> None:
     assert "mp_rank_01: part of iteration 4 (mp_rank_01), not of 5 (parts from different steps)" in outcome.reasons
 
 
+def test_an_earlier_attempts_part_is_never_committed_with_a_later_ones(tmp_path: Path) -> None:
+    """The first attempt's dump of step 5 lost its mp_rank_00 writer; the restarted job reached step 5 again and
+    its dump lost the mp_rank_01 writer: both halves are of step 5 and of one layout, and cover the run."""
+    write_part(str(tmp_path), Part("mp_rank_01", 5, SHARDS, 1, attempt="first"), {"model_optim_rng.pt": _zip})
+    write_part(str(tmp_path), Part("mp_rank_00", 5, SHARDS, 0, attempt="second"), {"model_optim_rng.pt": _zip})
+    outcome = commit_dump(str(tmp_path), 5)
+    assert not outcome.committed
+    assert outcome.reasons == ["parts of different dumps of the step (mp_rank_01 of first; mp_rank_00 of second): "
+                               "an earlier attempt's parts are never committed with a later one's"]
+    write_part(str(tmp_path), Part("mp_rank_01", 5, SHARDS, 1, attempt="second"), {"model_optim_rng.pt": _zip})
+    assert commit_dump(str(tmp_path), 5).committed, "the later attempt's own part replaces the earlier one's"
+
+
+def test_parts_of_another_layout_are_never_committed(tmp_path: Path) -> None:
+    """A job restarted with another tensor-parallel size: its one shard's part beside the old layout's second."""
+    write_part(str(tmp_path), Part("mp_rank_01", 5, SHARDS, 1, attempt="a"), {"model_optim_rng.pt": _zip})
+    write_part(str(tmp_path), Part("mp_rank_00", 5, ("mp_rank_00",), 0, attempt="a"), {"model_optim_rng.pt": _zip})
+    outcome = commit_dump(str(tmp_path), 5)
+    assert not outcome.committed
+    assert "parts of different layouts (mp_rank_00 / mp_rank_00, mp_rank_01)" in outcome.reasons, outcome.reasons
+
+
+def test_every_writer_of_one_dump_agrees_on_its_attempt_through_torchruns_store() -> None:
+    """The first value offered wins for every caller, through any prefix of the default group's store."""
+    script = (
+        "import torch.distributed as dist\n"
+        "from datetime import timedelta\n"
+        "from ft_plugins.torch.store import agreed\n"
+        "store = dist.TCPStore('127.0.0.1', 0, 1, True, timeout=timedelta(seconds=10))\n"
+        "dist.init_process_group('gloo', store=dist.PrefixStore('generation/', store), rank=0, world_size=1)\n"
+        "print(agreed('k', 'first'), agreed('k', 'second'), store.get('k').decode())\n")
+    found = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert found.stdout.split() == ["first", "first", "first"], found.stdout + found.stderr
+
+
 def test_a_writer_killed_mid_write_leaves_no_record_and_no_commit(tmp_path: Path) -> None:
     _part(tmp_path, "mp_rank_00", 5)
     script = (
@@ -242,7 +277,7 @@ def test_a_complete_uncommitted_dump_is_reported_as_such(tmp_path: Path) -> None
         "dying-gasp dump complete but not committed yet (ttp commits it at the next start-up)")
     record = json.loads((Path(dump_dir(str(tmp_path), 3)) / "mp_rank_00" / PART_RECORD).read_text())
     assert record == {"shard": "mp_rank_00", "iteration": 3, "shards": list(SHARDS), "writer": 0,
-                      "files": ["model_optim_rng.pt"]}
+                      "files": ["model_optim_rng.pt"], "attempt": ""}
 
 
 def test_a_file_the_record_names_but_missing_is_never_committed(tmp_path: Path) -> None:

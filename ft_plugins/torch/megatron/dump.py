@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -34,7 +35,7 @@ from ft_plugins.torch import saving
 from ft_plugins.torch.megatron.regroup import real_twins
 from ft_plugins.torch.megatron.state import (RESUMES_TORCH_FORMAT, megatron, megatron_args, rng_state, saved_state,
                                              sharded_optimizers)
-from ft_plugins.torch.store import claim
+from ft_plugins.torch.store import agreed, claim
 
 log = logging.getLogger("ft_plugins.ttp")
 
@@ -188,13 +189,14 @@ class MegatronDump:
             if optimizer_state is None:
                 return  # the first rank of the instance (of each of its parts) writes
             writes[OPTIMIZER_FILENAME] = lambda path: saving.save(optimizer_state, path)
-        if not claim(f"ft_plugins/ttp/{os.environ.get(RESTART_VAR, '0')}/{iteration}/{shard}"):
+        attempt = f"ft_plugins/ttp/{os.environ.get(RESTART_VAR, '0')}/{iteration}"
+        if not claim(f"{attempt}/{shard}"):
             log.debug("ttp: %s: another survivor writes %s of iteration %d", reason, shard, iteration)
             return
         state = saved_state(step.model, step.optimizer, step.scheduler, iteration, rng, consumed)
         state["num_floating_point_operations_so_far"] = self.flops(consumed, parsed)
         writes[FILENAME] = lambda path: saving.save(state, path)
-        part = Part(shard, iteration, shards, rank)
+        part = Part(shard, iteration, shards, rank, attempt=agreed(f"{attempt}/dump", uuid.uuid4().hex))
         size = write_part(save_dir, part, writes)
         written = time.monotonic()
         grace.record(save_dir, grace.Measured(size, written - started, f"dump of iteration {iteration}"))
