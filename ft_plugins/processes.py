@@ -31,3 +31,14 @@ def all_pids() -> list[int]:
         return [int(name) for name in os.listdir("/proc") if name.isdigit()]
     except OSError:
         return []
+
+
+def namespace() -> str:
+    """Where a pid names a process: this kernel's boot and this pid namespace. A pid read from a file another host
+    or container wrote (shared storage) names nothing here; empty where ``/proc`` does not say."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as handle:
+            boot = handle.read().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return ""

@@ -36,6 +36,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import statistics
 import tempfile
 import threading
@@ -64,7 +65,7 @@ STALL_FLOOR = 3.0
 # a file of a dump is claimed first, then written in a staging folder: what a dump cut short leaves, cleared at start
 CLAIM_PREFIX = ".ft_ttp_claim-"  # not named *.ckpt: a claim left must not read as a broken checkpoint at resume
 STAGING_PREFIX = ".ft_ttp-"  # resume never sees half a file
-ENDED_MARKS = "ft_plugins-ended-"  # + the launcher's pid: a folder of the temporary directory, per node
+ENDED_MARKS = "ft_plugins-ended-"  # + the user id: that user's private folder of the temporary directory, per node
 
 
 class Snapshot(NamedTuple):
@@ -173,7 +174,7 @@ class DumpEngine:
             if not reason:
                 gone = [pid for pid in self.peers if not alive(pid)] if started is not None else []
                 self.peers = [pid for pid in self.peers if pid not in gone]
-                lost = [pid for pid in gone if not os.path.exists(_ended_mark(pid))]  # not one that ended training
+                lost = [pid for pid in gone if not _has_ended(pid)]  # not one that ended training
                 if lost:
                     reason = f"worker process {', '.join(map(str, lost))} of this node exited"
                     recording.peers_lost([self.peer_ranks.get(pid) for pid in lost])
@@ -312,24 +313,44 @@ def _clear_cut_short(directory: str) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+def _marks() -> str:
+    """This user's folder of marks, private (0700): in the world-writable temporary directory a mark another user
+    made, or a folder of theirs under the name, would hide a loss. OSError where the folder is not this user's own."""
+    folder = os.path.join(tempfile.gettempdir(), f"{ENDED_MARKS}{os.getuid()}")
+    try:
+        os.mkdir(folder, 0o700)
+    except FileExistsError:
+        pass
+    found = os.lstat(folder)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o077:
+        raise OSError(f"{folder} is not a private folder of user {os.getuid()} (remove it)")
+    return folder
+
+
 def _ended_mark(pid: int) -> str:
     """The file by which worker ``pid`` of this node's msrun says it ended training (its exit is then no loss)."""
-    return os.path.join(tempfile.gettempdir(), f"{ENDED_MARKS}{os.getppid()}", str(pid))
+    return os.path.join(_marks(), str(os.getppid()), str(pid))
+
+
+def _has_ended(pid: int) -> bool:
+    """Whether worker ``pid`` marked its end of training (no mark to be had: not ended, a dump rather than a loss)."""
+    try:
+        return os.path.exists(_ended_mark(pid))
+    except OSError:
+        return False
 
 
 def _clear_ended_marks() -> None:
-    """Remove this process's mark left by an earlier process of its pid, and the marks of launchers gone. No
-    worker of this launch has ended yet: every rank begins before any step completes."""
-    root = tempfile.gettempdir()
+    """Remove this process's mark left by an earlier process of its pid, and the marks of this user's launchers
+    gone. No worker of this launch has ended yet: every rank begins before any step completes."""
     try:
         if os.path.exists(mine := _ended_mark(os.getpid())):
             os.unlink(mine)
-        for name in os.listdir(root):
-            launcher = name.removeprefix(ENDED_MARKS)
-            if name.startswith(ENDED_MARKS) and launcher.isdigit() and not alive(int(launcher)):
-                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        for name in os.listdir(_marks()):
+            if name.isdigit() and not alive(int(name)):
+                shutil.rmtree(os.path.join(_marks(), name), ignore_errors=True)
     except OSError as exc:  # a mark left makes a loss of that pid go unseen: said, never raised into training
-        log.warning("ttp: marks of ended workers in %s not cleared: %s", root, exc)
+        log.warning("ttp: marks of ended workers not cleared: %s", exc)
 
 
 def _local_peers() -> list[int]:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from ft_plugins.checkpoint.claim import release, take
+from ft_plugins.processes import namespace
 from support import claim_holder
 
 RACE = ("import sys, time\nfrom ft_plugins.checkpoint.claim import take\n"  # held until every racer has tried
@@ -31,7 +32,23 @@ def test_a_claim_held_by_a_running_process_is_not_taken(tmp_path: Path) -> None:
     finally:
         holder.kill()
         holder.wait()
-    assert claim.read_text() == str(holder.pid)
+    assert claim.read_text() == f"{holder.pid} {namespace()}"
+
+
+def test_a_claim_taken_on_another_host_is_not_judged_by_this_hosts_processes(tmp_path: Path) -> None:
+    """On shared storage the holder may run on another node (or in another container): its pid names nothing
+    here, so a pid that is not running here, or one that is, says nothing of it. It keeps its claim; one taken
+    here by a process gone, or written before claims said where, passes on."""
+    claim = tmp_path / ".claim-file"
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    claim.write_text(f"{gone} another-boot/pid:[4026531836]")
+    assert take(str(claim)) is None
+    claim.write_text(f"{gone} {namespace()}")
+    assert take(str(claim)) == 1
+    release(str(claim), 1)
+    claim.write_text(gone)
+    assert take(str(claim)) == 1
 
 
 def test_a_claim_of_a_process_killed_holding_it_goes_to_one_of_the_racers_only(tmp_path: Path) -> None:

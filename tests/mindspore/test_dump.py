@@ -229,7 +229,9 @@ def test_a_peer_leaving_after_it_ended_training_is_no_loss(no_tft: Any, tmp_path
         engine.peers, engine.step_started = [process.pid], time.monotonic()
         watcher = threading.Thread(target=engine._watch)
         watcher.start()
-        time.sleep(20 * dump.POLL)
+        deadline = time.monotonic() + 60
+        while engine.peers and time.monotonic() < deadline:  # until the watcher has seen the peer gone
+            time.sleep(dump.POLL)
         engine.end()
         watcher.join()
         assert engine.peers == [] and Path(dump._ended_mark(os.getpid())).is_file()
@@ -390,3 +392,26 @@ def test_under_msrun_is_said_of_a_worker_whose_parent_is_msrun_only() -> None:
     from ft_plugins.mindspore import speed
 
     assert not speed.under_msrun()  # the test runner's parent is no msrun
+
+
+def test_a_mark_of_an_ended_peer_counts_only_in_this_users_private_folder(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The marks live in the world-writable temporary directory: a mark planted in a folder another user could write
+    (here: one open to all, or a link to one) would make a peer's loss go unseen, so it counts for nothing there."""
+    import tempfile
+
+    from ft_plugins.mindspore import dump
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    folder = tmp_path / f"{dump.ENDED_MARKS}{os.getuid()}"
+    planted = tmp_path / "planted"
+    (planted / str(os.getppid())).mkdir(parents=True)
+    (planted / str(os.getppid()) / "4242").touch()
+    folder.symlink_to(planted)
+    assert not dump._has_ended(4242)
+    folder.unlink()
+    planted.rename(folder)
+    folder.chmod(0o777)
+    assert not dump._has_ended(4242)
+    folder.chmod(0o700)
+    assert dump._has_ended(4242)
