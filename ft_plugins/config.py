@@ -4,12 +4,14 @@
 ``all``, ``none`` or a comma list of feature names. ``FT_PLUGINS_<FEATURE>_<OPTION>`` sets one
 option of one feature; ``FT_PLUGINS_STRICT=1`` turns "feature unavailable" warnings into errors;
 ``FT_PLUGINS_LOG`` sets the log level of ft_plugins' own messages; ``FT_PLUGINS_EVENTS_DIR`` where the
-job's events go (``off``: nowhere), for ``ft-plugins report``.
+job's events go (``off``: nowhere), for ``ft-plugins report``; ``FT_PLUGINS_GRACE_MAX`` the most seconds a
+launcher's grace before SIGKILL estimated from the job's writes reaches (:mod:`ft_plugins.grace`).
 Every malformed value raises :class:`ConfigError` naming the variable and what it accepts.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections import namedtuple
 from typing import Any, Callable, Mapping, Sequence
@@ -24,6 +26,8 @@ EVENTS_VAR = "FT_PLUGINS_EVENTS_DIR"  # where every process writes its events: f
 EVENTS_JOB_VAR = "FT_PLUGINS_EVENTS_JOB"  # the job's name in them, set by ft-plugins run for its workers
 GRACE_VAR = "FT_PLUGINS_GRACE"  # seconds from SIGTERM to SIGKILL ft-plugins run arranged: ft_plugins.grace
 GRACE_FOLLOWS_VAR = "FT_PLUGINS_GRACE_FOLLOWS"  # the save directory whose recorded writes raise that grace
+GRACE_MAX_VAR = "FT_PLUGINS_GRACE_MAX"  # the most seconds a grace estimated from the writes reaches
+GRACE_MAX = 600.0  # a file system stalled during one save must not hold every later stop (and pod) for an hour
 RESTART_VAR = "TORCHELASTIC_RESTART_COUNT"  # torchrun's restart attempt a worker belongs to (0: the first)
 LOG_LEVELS = ("debug", "info", "warning", "error")
 PREFIX = "FT_PLUGINS_"
@@ -67,6 +71,21 @@ def parse_seconds(raw: str) -> float:
     value = float(raw)
     if value <= 0:
         raise ValueError("expected a number of seconds greater than 0")
+    return value
+
+
+def grace_max(env: Mapping[str, str]) -> float:
+    """``FT_PLUGINS_GRACE_MAX`` in seconds (:data:`GRACE_MAX` when unset); ConfigError naming it when malformed."""
+    raw = env.get(GRACE_MAX_VAR)
+    if raw is None:
+        return GRACE_MAX
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{GRACE_MAX_VAR}={raw!r} is not valid: give the most seconds an estimated grace before "
+                          f"SIGKILL may reach, a number greater than 0 (default {GRACE_MAX:g})")
     return value
 
 
@@ -170,6 +189,7 @@ def load(
         strict = parse_bool(env.get(STRICT_VAR, "0"))
     except ValueError as exc:
         raise ConfigError(f"{STRICT_VAR}={env[STRICT_VAR]!r} is not valid: {exc}") from None
+    grace_max(env)  # read by the launchers (ft_plugins.grace); a malformed value stops the job's start here
     log_level = Option("log", "info", "log level", choices=LOG_LEVELS).convert(env.get(LOG_VAR, "info"), LOG_VAR)
 
     by_var = {
@@ -182,13 +202,14 @@ def load(
     }
     for var, raw in env.items():
         if not var.startswith(PREFIX) or var in (STRICT_VAR, LOG_VAR, INJECT_VAR, RECOVERY_VAR, PROGRESS_VAR,
-                                                 EVENTS_VAR, EVENTS_JOB_VAR, GRACE_VAR, GRACE_FOLLOWS_VAR):
+                                                 EVENTS_VAR, EVENTS_JOB_VAR, GRACE_VAR, GRACE_FOLLOWS_VAR,
+                                                 GRACE_MAX_VAR):
             continue
         if var not in by_var:
             accepted = ", ".join(sorted(by_var)) or "none"
             raise ConfigError(
                 f"{var} is not a known ft_plugins variable; accepted: {STRICT_VAR}, {LOG_VAR}, {INJECT_VAR}, "
-                f"{EVENTS_VAR}, {accepted}"
+                f"{EVENTS_VAR}, {GRACE_MAX_VAR}, {accepted}"
             )
         name, option = by_var[var]
         values[name][option.name] = option.convert(raw, var)

@@ -6,8 +6,11 @@ lost. The time a dump needs is estimated from this job's own writes: every perio
 records beside the checkpoints (:data:`RECORD` in the save directory, the last :data:`HISTORY` writes) how
 many bytes its largest writer wrote and in how long; the estimate is the largest of those sizes at the
 slowest speed recorded (a file system is not always as fast as last time), times :data:`MARGIN`, plus
-:data:`FIXED` (freezing the step, gathering, the commit). Framework-neutral: the glue says what was written
-and when.
+:data:`FIXED` (freezing the step, gathering, the commit). From ten writes on, the slowest tenth is passed over
+(:data:`OUTLIERS`): one save that met a stalled file system does not set the grace for the 31 after it. And a
+grace estimated so never passes ``FT_PLUGINS_GRACE_MAX`` (:data:`ft_plugins.config.GRACE_MAX` by default): each
+stop of the workers (torchrun's, msrun's, a pod's) waits the whole grace for a worker that does not end; the
+lines that give the estimate say when the cap cut it. Framework-neutral: the glue says what was written and when.
 """
 
 from __future__ import annotations
@@ -20,13 +23,14 @@ from dataclasses import asdict, dataclass
 from typing import Mapping, Sequence
 
 from ft_plugins.checkpoint.atomic import atomic_file
-from ft_plugins.config import GRACE_FOLLOWS_VAR, GRACE_VAR
+from ft_plugins.config import GRACE_FOLLOWS_VAR, GRACE_MAX, GRACE_MAX_VAR, GRACE_VAR, ConfigError, grace_max
 from ft_plugins.events import option
 
 log = logging.getLogger("ft_plugins.grace")
 
 RECORD = "ft_write_speed.json"
 HISTORY = 32  # writes kept: enough to have met the file system's slow days, bounded so reading stays cheap
+OUTLIERS = 10  # one write in this many recorded may have met a stall: the slowest len // OUTLIERS are passed over
 MARGIN = 1.5  # a slower file system than measured, several nodes writing at once
 FIXED = 5.0  # seconds a dump spends besides writing: the freeze, gathering the optimizer, the commit
 TORCHRUN_GRACE = 30.0  # torch's elastic agent: SIGTERM to the survivors, SIGKILL 30 s later
@@ -69,17 +73,27 @@ def _write(directory: str, writes: list[Measured]) -> None:
 
 
 def measured(save_dir: str | None) -> Measured | None:
-    """What the estimate rests on: the largest write recorded in ``save_dir`` at the slowest speed recorded;
-    None when none was (or the record is unreadable)."""
+    """What the estimate rests on: the largest write recorded in ``save_dir`` at the slowest speed recorded once
+    the slowest tenth is passed over (the 90th percentile of the time a byte took, nearest rank: with fewer than
+    ten writes, the slowest); None when none was (or the record is unreadable)."""
     writes = recorded(save_dir) if save_dir else []
     if not writes:
         return None
-    slowest = min(writes, key=lambda write: write.speed)
+    passed = len(writes) // OUTLIERS
+    chosen = sorted(writes, key=lambda write: write.speed)[passed]
     if len(writes) == 1:
-        return slowest
+        return chosen
     largest = max(write.written for write in writes)
-    return Measured(largest, largest / slowest.speed,
-                    f"{slowest.what}, the slowest of the {len(writes)} writes recorded")
+    rank = f"the {_ordinal(passed + 1)} slowest" if passed else "the slowest"
+    outliers = "" if not passed else (" (the slowest passed over as an outlier)" if passed == 1 else
+                                      f" (the {passed} slower passed over as outliers)")
+    return Measured(largest, largest / chosen.speed,
+                    f"{chosen.what}, {rank} of the {len(writes)} writes recorded{outliers}")
+
+
+def _ordinal(count: int) -> str:
+    suffix = "th" if 10 <= count % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(count % 10, "th")
+    return f"{count}{suffix}"
 
 
 def recorded(save_dir: str) -> list[Measured]:
@@ -125,9 +139,20 @@ def needed(found: Measured) -> float:
     return estimate(found.written, found.speed)
 
 
+def cap() -> float:
+    """The most seconds an estimated grace gives (``FT_PLUGINS_GRACE_MAX``); a malformed value, which the job's
+    start refuses, is said here too where nothing refused it (``ft-plugins k8s``, ``doctor``): the default then."""
+    try:
+        return grace_max(os.environ)
+    except ConfigError as exc:
+        log.warning("%s; %g s used", exc, GRACE_MAX)
+        return GRACE_MAX
+
+
 def grace_for(found: Measured | None, default: float) -> float:
-    """The grace that covers the dump the record predicts, never under the launcher's ``default``."""
-    return default if found is None else max(default, float(math.ceil(needed(found))))
+    """The grace that covers the dump the record predicts, up to :func:`cap`, never under the launcher's
+    ``default``."""
+    return default if found is None else max(default, min(cap(), float(math.ceil(needed(found)))))
 
 
 def amount(count: float, unit: str = "B") -> str:
@@ -141,9 +166,13 @@ def amount(count: float, unit: str = "B") -> str:
     return f"{count:.0f} {unit}"
 
 
-def describe(found: Measured) -> str:
-    return (f"a dump needs about {needed(found):.0f} s ({amount(found.written)} by its largest writer at "
-            f"{amount(found.speed, 'B/s')}, measured on the {found.what})")
+def describe(found: Measured, capped: bool = True) -> str:
+    """What a dump needs and what that rests on; ``capped``: and, where it is so, that the cap cuts the grace."""
+    seconds, limit = needed(found), cap() if capped else math.inf
+    cut = (f", more than {GRACE_MAX_VAR}={limit:g} s, the most an estimated grace gives: a dump that long is cut "
+           f"short; raise {GRACE_MAX_VAR} where the file system is this slow") if seconds > limit else ""
+    return (f"a dump needs about {seconds:.0f} s ({amount(found.written)} by its largest writer at "
+            f"{amount(found.speed, 'B/s')}, measured on the {found.what}){cut}")
 
 
 def worker_grace(env: Mapping[str, str]) -> tuple[float, str]:
@@ -162,8 +191,9 @@ def warn_if_short(save_dir: str | None, env: Mapping[str, str]) -> str | None:
     grace, whose = worker_grace(env)
     if needed(found) <= grace:
         return None
-    return (f"{describe(found)}, longer than {whose} grace of {grace:g} s before SIGKILL: a dump then is cut "
-            f"short; run under 'ft-plugins run' (it gives the workers that time) or raise the grace")
+    return (f"{describe(found, capped=False)}, longer than {whose} grace of {grace:g} s before SIGKILL: a dump then "
+            f"is cut short; run under 'ft-plugins run' (it gives the workers that time, up to {GRACE_MAX_VAR}) or "
+            "raise the grace")
 
 
 def save_dir_of(command: Sequence[str]) -> str | None:

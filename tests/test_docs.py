@@ -15,8 +15,8 @@ import pytest
 from support import PYTHON, REPO
 
 import ft_plugins
-from ft_plugins.config import (EVENTS_JOB_VAR, EVENTS_VAR, GRACE_FOLLOWS_VAR, GRACE_VAR, INJECT_VAR, LOG_VAR, PREFIX,
-                               STRICT_VAR)
+from ft_plugins.config import (EVENTS_JOB_VAR, EVENTS_VAR, GRACE_FOLLOWS_VAR, GRACE_MAX_VAR, GRACE_VAR, INJECT_VAR,
+                               LOG_VAR, PREFIX, STRICT_VAR)
 from ft_plugins.features import FEATURES
 from ft_plugins.vendors import versions
 
@@ -81,7 +81,7 @@ def test_every_variable_the_documents_name_exists() -> None:
     """A variable named in the README or on a page is one ft_plugins reads: a renamed option cannot linger."""
     known = {f"{PREFIX}{name.upper()}_{option.name.upper()}" for name, feature in FEATURES.items()
              for option in feature.options} | {STRICT_VAR, LOG_VAR, INJECT_VAR, EVENTS_VAR, EVENTS_JOB_VAR, GRACE_VAR,
-                                                GRACE_FOLLOWS_VAR}
+                                                GRACE_FOLLOWS_VAR, GRACE_MAX_VAR}
     texts = [REPO / "README.md", REPO / "CHANGELOG.md", *sorted((REPO / "docs").rglob("*.md"))]
     named = {(path.relative_to(REPO).as_posix(), variable) for path in texts
              for variable in VARIABLE.findall(path.read_text())}

@@ -20,8 +20,8 @@ from typing import Any, Iterator
 
 from ft_plugins import faults
 from ft_plugins.cli import build_parser
-from ft_plugins.config import (EVENTS_JOB_VAR, EVENTS_VAR, INJECT_VAR, LOG_LEVELS, LOG_VAR, PREFIX, SELECT_VAR,
-                               STRICT_VAR)
+from ft_plugins.config import (EVENTS_JOB_VAR, EVENTS_VAR, GRACE_MAX, GRACE_MAX_VAR, INJECT_VAR, LOG_LEVELS, LOG_VAR,
+                               PREFIX, SELECT_VAR, STRICT_VAR)
 from ft_plugins.features import FEATURES
 from ft_plugins.vendors import versions
 
@@ -60,6 +60,9 @@ def options_markdown() -> str:
         (EVENTS_JOB_VAR, "the job's name in its events: the same in every launch of a job relaunched by hand or by a "
          "cluster manager, so that the report reads them as one job",
          "torchrun's `--rdzv-id`, else the launcher's pid"),
+        (GRACE_MAX_VAR, "the most seconds the grace before SIGKILL that `ft-plugins run` and `ft-plugins k8s` estimate "
+         "from the job's writes may reach ([the grace](launcher.md#the-grace-covers-the-dump)); `--grace` is not cut",
+         f"`{GRACE_MAX:g}`"),
     ]
     lines = ["## Variables", "", "| variable | values | default |", "| --- | --- | --- |"]
     lines += [f"| `{name}` | {_cell(values)} | {default} |" for name, values, default in general]

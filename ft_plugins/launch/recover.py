@@ -21,6 +21,7 @@ then collects what else it adopts (a lost worker's children), which would stay z
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -37,12 +38,14 @@ from ft_plugins.config import RECOVERY_VAR
 from ft_plugins.launch.environment import launcher_options, torchrun_option
 from ft_plugins.launch.leftovers import PROCESSES, end_group
 from ft_plugins.launch.process import adopt_orphans, reap_adopted
-from ft_plugins.launch.spare import EXIT, READY, TOOK, Lines
+from ft_plugins.launch.spare import EXIT, OFF, READY, TOOK, Lines
 from ft_plugins.recovery import REFUSED, key, namespace, replacement_value, trained
+from ft_plugins.vendors.versions import TORCH_RECOVER
 
 log = logging.getLogger("ft_plugins.recover")
 
 AGENT = "torch.distributed.elastic.agent.server.local_elastic_agent"
+HANDLER = "torch.distributed.elastic.multiprocessing.subprocess_handler"  # how a replacement is started and held
 STORE_TIMEOUT = timedelta(seconds=30)
 PLACE = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK")
 ANSWER = 10.0  # seconds the spare template may take to hand a request to a spare (it takes milliseconds)
@@ -74,9 +77,7 @@ class Spares:
         command = _python_command(context.entrypoint, context.args[0])
         why_not = _why_no_spares(context.entrypoint, command) if self.template is None else ""
         if why_not:
-            log.warning("recover: warm spares off for this job: %s; a lost rank is replaced by a fresh process",
-                        why_not)
-            self.count = 0
+            self._off(why_not)
             return
         self._channel, theirs = socket.socketpair()
         with theirs:  # a channel of its own: what the template's imports print goes to the console, never here
@@ -90,7 +91,7 @@ class Spares:
     def take(self, env: dict[str, str], local_rank: int, stdout: str = "", stderr: str = "") -> Any:
         """A ready spare made into the worker of ``env`` (a handler torchrun's context can hold), or None; its
         output goes to the rank's files ``stdout`` and ``stderr`` as torchrun names them ("": the console)."""
-        from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
+        from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler  # install() checked
 
         self._read(0)
         if self.template is None or not self.ready or self.ended:
@@ -151,14 +152,22 @@ class Spares:
                 self._channel.close()
                 return
             for line in lines:
-                word, *numbers = line.decode().split()
+                word, _, rest = line.decode().partition(" ")
                 if word == READY:
                     self.ready = True
                 elif word == TOOK:
-                    self.took.append(int(numbers[0]))
+                    self.took.append(int(rest))
                 elif word == EXIT:
-                    self.exits[int(numbers[0])] = int(numbers[1])
+                    pid, code = rest.split()
+                    self.exits[int(pid)] = int(code)
+                elif word == OFF:  # it found it cannot fork usable spares, and exits
+                    self._off(rest)
             timeout = 0
+
+    def _off(self, why: str) -> None:
+        """Said once: no template is started again, each lost rank gets a fresh process."""
+        log.warning("recover: warm spares off for this job: %s; a lost rank is replaced by a fresh process", why)
+        self.count = 0
 
 
 class Forked:
@@ -215,8 +224,6 @@ class Supervisor:
     def install(self) -> None:
         """Wrap the agent's monitoring round and the process context's own look at its workers (imported here:
         this runs in the torchrun process only)."""
-        import importlib
-
         import wrapt
 
         agent = importlib.import_module(AGENT).LocalElasticAgent
@@ -398,6 +405,14 @@ def _unplaced(env: dict[str, str]) -> dict[str, str]:
 
 def install(spares: int) -> bool:
     """Called in the torchrun launcher when ``recover`` is on; never raises (torchrun then runs as usual)."""
+    try:  # needed at the first failure, inside torch's monitoring loop: an ImportError there ends the agent
+        importlib.import_module(HANDLER)
+    except ImportError:
+        torch = getattr(sys.modules.get("torch"), "__version__", "this torch")
+        log.warning("recover: off in this torchrun: torch %s has no %s (torch %s and later have it), which starts and "
+                    "holds a replacement worker; upgrade torch to %s or later, or run without recover (ttp's dump and "
+                    "torchrun's restart still work)", torch, HANDLER, TORCH_RECOVER, TORCH_RECOVER)
+        return False
     try:
         Supervisor(spares).install()
         os.environ[RECOVERY_VAR] = replacement_value(0, 0)  # every worker started knows a launcher replaces it

@@ -1,5 +1,6 @@
 """torchrun's handle of a fresh process replacing a lost worker (imported by :mod:`.recover` in the torchrun
-process only, when a worker is lost: it needs torch)."""
+process only, when a worker is lost: it needs torch's ``subprocess_handler`` module, torch 2.3 and later, which
+:func:`.recover.install` found before it adapted the agent, else it left ``recover`` off)."""
 
 from __future__ import annotations
 

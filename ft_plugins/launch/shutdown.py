@@ -67,7 +67,7 @@ def plan(command: Sequence[str], env: Mapping[str, str], asked: float | None, ms
     else:
         what = "no --save directory in the command: no write measured"
     line = f"dying gasp: {what}; the workers get {seconds:g} s after SIGTERM before SIGKILL"
-    short = found is not None and estimates.needed(found) > seconds
+    short = given is not None and found is not None and estimates.needed(found) > seconds  # not given: the cap's line
     warning = (f"dying gasp: the grace of {seconds:g} s you set is shorter than the dump needs "
                f"({estimates.needed(found):.0f} s): a dump then is cut short" if short else None)
     return Grace(seconds, changes, line, warning)

@@ -14,9 +14,12 @@ output appended to those files, ft_plugins turned on again with that environment
 run as ``python -u`` runs it for the lost worker; each spare has a process group of its own) and the
 template answers ``took PID``, then forks a spare in its place. A fork of the imported template costs ~10 ms;
 starting a spare anew cost 2-3 CPU seconds of imports, taken from the ranks training on the same cores. A
-taken spare is the template's child, not the launcher's: the template reports its end as ``exit PID CODE``.
+taken spare is the template's child, not the launcher's: the template reports its end as ``exit PID CODE``,
+woken by a pidfd where the kernel has them (Linux 5.3), else looking every :data:`POLL` seconds (Linux 4.19 and
+older); either way by its pid, which no other process can take while the template has not collected it.
 End of input, or the template killed: the waiting spares exit. A command torchrun runs without Python
-(``--no-python``) gets no spares.
+(``--no-python``) gets no spares. A device the imports started (CUDA, an NPU) would be unusable in a fork: the
+template then forks nothing, answers ``off`` and why, and exits; the launcher starts fresh processes instead.
 
 What the imports made is moved out of the collector's reach (``gc.freeze``) before the forks: the
 400,000 objects of torch and megatron stay for the process's life, every full collection of a take-over
@@ -37,9 +40,10 @@ import signal
 import sys
 from typing import Any, Iterator
 
-READY, TOOK, EXIT = "ready", "took", "exit"  # the template's answers
+READY, TOOK, EXIT, OFF = "ready", "took", "exit", "off"  # the template's answers
 PRELOADED = ("torch", "torch.distributed", "megatron.training")
 CHANNEL = 0  # standard input: a socket, the launcher's requests in, the answers out
+POLL = 0.1  # seconds between looks at the taken spares where the kernel gives no pidfd
 
 
 class Lines:
@@ -68,14 +72,14 @@ class Template:
     def __init__(self, count: int) -> None:
         self.count = count
         self.waiting: list[tuple[int, int]] = []  # (pid, write end of the pipe it reads its request from)
-        self.taken: dict[int, int] = {}  # pidfd -> pid of a spare that took over a rank
+        self.taken: dict[int, int | None] = {}  # pid of a spare that took over a rank -> its pidfd (None: polled)
 
     def serve(self) -> dict[str, Any] | None:
         """Runs until end of input and the end of every taken spare (returns None); in a spare that took
         over, returns the request it took."""
         if (request := self._refill()) is not None:
             return request
-        self._say(READY)
+        _say(READY)
         for line in self._requests():
             while True:  # a spare that died waiting (its pipe broken) is passed over
                 pid, pipe = self.waiting.pop(0)
@@ -88,8 +92,8 @@ class Template:
                         return request
                 finally:
                     os.close(pipe)
-            self.taken[os.pidfd_open(pid)] = pid
-            self._say(f"{TOOK} {pid}")
+            self.taken[pid] = _pidfd(pid)  # never raises: the spare runs as the rank now, the launcher must know
+            _say(f"{TOOK} {pid}")
             if (request := self._refill()) is not None:
                 return request
         return None
@@ -99,9 +103,11 @@ class Template:
         spares are stopped; it returns once no taken one is left."""
         requests, reading = Lines(CHANNEL), True
         while reading or self.taken:
-            ready = select.select([*self.taken, *([CHANNEL] if reading else [])], [], [])[0]
-            for pidfd in (fd for fd in ready if fd in self.taken):
-                self._report_end(pidfd)
+            pidfds = [fd for fd in self.taken.values() if fd is not None]
+            polled = None in self.taken.values()
+            ready = select.select([*pidfds, *([CHANNEL] if reading else [])], [], [], POLL if polled else None)[0]
+            for pid in [pid for pid in self.taken if _ended(pid)]:
+                self._report_end(pid)
             if CHANNEL not in ready:
                 continue
             lines = requests.read()
@@ -115,14 +121,16 @@ class Template:
             for line in lines or ():
                 yield line + b"\n"
 
-    def _report_end(self, pidfd: int) -> None:
+    def _report_end(self, pid: int) -> None:
         """Say a taken spare's exit code, then collect it: killed in between, the template leaves a zombie its
         launcher adopts and waits for, never a spare whose end nobody can tell."""
-        ended = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOWAIT)
+        ended = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
         killed = ended.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
-        self._say(f"{EXIT} {self.taken.pop(pidfd)} {-ended.si_status if killed else ended.si_status}")
-        os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
-        os.close(pidfd)
+        pidfd = self.taken.pop(pid)
+        _say(f"{EXIT} {pid} {-ended.si_status if killed else ended.si_status}")
+        os.waitid(os.P_PID, pid, os.WEXITED)
+        if pidfd is not None:
+            os.close(pidfd)
 
     def _refill(self) -> dict[str, Any] | None:
         while len(self.waiting) < self.count:
@@ -141,7 +149,7 @@ class Template:
             return None
         _own_group(0)
         os.close(writable)
-        for fd in (*self.taken, *(pipe for _, pipe in self.waiting)):
+        for fd in (*(fd for fd in self.taken.values() if fd is not None), *(pipe for _, pipe in self.waiting)):
             os.close(fd)  # the template's: a spare holding another's pipe would keep it from seeing the end
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, CHANNEL)  # the launcher's channel is the template's alone
@@ -152,11 +160,37 @@ class Template:
             os._exit(0)  # the template ended: nothing to take over
         return json.loads(line)
 
-    def _say(self, line: str) -> None:
-        try:
-            os.write(CHANNEL, f"{line}\n".encode())
-        except BrokenPipeError:  # the launcher is gone: its workers end with it
-            pass
+
+def _say(line: str) -> None:
+    """One answer to the launcher."""
+    try:
+        os.write(CHANNEL, f"{line}\n".encode())
+    except BrokenPipeError:  # the launcher is gone: its workers end with it
+        pass
+
+
+def _pidfd(pid: int) -> int | None:
+    """A descriptor that becomes readable when ``pid`` ends, or None where the kernel has no pidfd_open (before
+    Linux 5.3) or refuses one: the spare's end is then looked for every :data:`POLL` seconds."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _ended(pid: int) -> bool:
+    """Whether the template's child ``pid`` has ended (it stays collectable: ``WNOWAIT``)."""
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+
+def device_started() -> str:
+    """What in this process started a device ("" when none did): a process forked after CUDA or an NPU started
+    cannot use it. Asks only the frameworks already imported, and imports none."""
+    for module, device, what in (("torch", "cuda", "CUDA"), ("torch_npu", "npu", "an NPU")):
+        initialized = getattr(getattr(sys.modules.get(module), device, None), "is_initialized", None)
+        if initialized is not None and initialized():
+            return f"{what} ({module}.{device}.is_initialized())"
+    return ""
 
 
 def _own_group(pid: int) -> None:
@@ -210,6 +244,12 @@ def main() -> None:
     finally:
         logging.disable(logging.NOTSET)
     gc.freeze()  # what the imports made lives as long as the process: no collection reads it again
+    started = device_started()
+    if started:  # a fork now would hand each spare a device context it cannot use
+        _say(f"{OFF} the spare template's imports ({', '.join(PRELOADED)} and what they load) started {started} "
+             "before its forks, and a forked process cannot use that device; move that device call out of import "
+             "time (a sitecustomize, a module-level .cuda() or set_device), or set FT_PLUGINS_RECOVER_SPARES=0")
+        return
     request = Template(int(sys.argv[1])).serve()
     if request is not None:
         take_over(request, sys.argv[2:])

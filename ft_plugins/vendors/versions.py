@@ -7,6 +7,7 @@ from collections import namedtuple
 
 MEGATRON_CORE = "0.8"  # megatron.training with train_step / save_checkpoint / load_checkpoint as hooked
 TORCH = "2.1"
+TORCH_RECOVER = "2.3"  # torch.distributed.elastic.multiprocessing.subprocess_handler: recover's replacement workers
 TORCH_NPU_MSTX = "2.1"  # torch_npu.npu.mstx, the mstx ranges
 MINDSPORE = "2.7.0"  # TTP and link failover through MS_ENABLE_TFT
 MINDFORMERS = "1.6"  # the first that asks for a MindSpore in the range above (~=2.7.0rc1)
