@@ -297,13 +297,23 @@ def test_drills_for_hangs_parse() -> None:
     assert str(parse_faults("rank=0,step=2,kind=slow")[0]).endswith("kind=slow,at=forward,attempt=0,seconds=10")
 
 
+def _ignores(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` ignores ``signum`` now (Linux: its ``SigIgn`` mask)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
 def test_a_stuck_drill_ignores_sigterm(tmp_path: Path) -> None:
     code = ("from ft_plugins.faults import Fault, fire\n"
             "print('stuck', flush=True)\n"
             "fire(Fault(0, 0, 'stuck'))\n")
     process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None and process.stdout.readline().strip() == "stuck"
-    time.sleep(0.2)
+    deadline = time.monotonic() + 60
+    while not _ignores(process.pid, signal.SIGTERM) and time.monotonic() < deadline:  # the drill took SIGTERM off
+        time.sleep(0.05)
     process.send_signal(signal.SIGTERM)
     time.sleep(0.5)
     assert process.poll() is None, "SIGTERM ended it"

@@ -4,10 +4,9 @@ more, and its file is the writer's."""
 
 from __future__ import annotations
 
-import threading
-import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch.distributed as dist
@@ -25,23 +24,38 @@ def store(monkeypatch: pytest.MonkeyPatch) -> dist.Store:
     return served
 
 
-def test_a_late_survivor_is_waited_for_and_a_lost_rank_costs_the_bound(store: dist.Store) -> None:
-    late = threading.Timer(0.3, rng_files.offer, (KEY, 1, b"rank 1"))
-    late.start()
-    started = time.monotonic()
-    files = rng_files.gather(KEY, 3, 0, started + 1.0)
-    waited = time.monotonic() - started
-    late.join()
-    assert files == {1: b"rank 1"}
-    assert 1.0 <= waited < 1.5
+class Clock:
+    """``time`` for :mod:`rng_files`: a clock that moves only when the gather sleeps, so what it waits is counted
+    exactly, whatever the machine's load; ``then`` runs once the clock reaches its time (a survivor's late offer)."""
+
+    def __init__(self, then: tuple[float, Callable[[], object]] | None = None) -> None:
+        self.now, self.then = 0.0, then
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        if self.then is not None and self.now >= self.then[0]:
+            self.then[1]()
+            self.then = None
 
 
-def test_with_every_survivor_posted_there_is_no_wait(store: dist.Store) -> None:
+def test_a_late_survivor_is_waited_for_and_a_lost_rank_costs_the_bound(
+        store: dist.Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock((0.3, lambda: rng_files.offer(KEY, 1, b"rank 1")))
+    monkeypatch.setattr(rng_files, "time", clock)
+    assert rng_files.gather(KEY, 3, 0, 1.0) == {1: b"rank 1"}
+    assert 1.0 <= clock.now < 1.0 + rng_files._POLL + 1e-9  # to the bound, and not a poll past it
+
+
+def test_with_every_survivor_posted_there_is_no_wait(store: dist.Store, monkeypatch: pytest.MonkeyPatch) -> None:
     for rank in (1, 2):
         rng_files.offer(KEY, rank, f"rank {rank}".encode())
-    started = time.monotonic()
-    assert rng_files.gather(KEY, 3, 0, started + 10.0) == {1: b"rank 1", 2: b"rank 2"}
-    assert time.monotonic() - started < 1.0
+    clock = Clock()
+    monkeypatch.setattr(rng_files, "time", clock)
+    assert rng_files.gather(KEY, 3, 0, 10.0) == {1: b"rank 1", 2: b"rank 2"}
+    assert clock.now == 0.0  # never slept
 
 
 def test_a_lost_ranks_file_is_a_copy_of_the_writers(tmp_path: Path) -> None:

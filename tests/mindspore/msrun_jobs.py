@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -23,6 +24,7 @@ MSRUN = str(Path(PYTHON).with_name("msrun"))
 SCRIPT = Path(__file__).resolve().parent / "fixtures" / "msrun_train.py"
 STEPS = 24
 WORKERS = 2
+SAVE_EVERY = 4  # the fixture's ModelCheckpoint saves at every 4th step
 # the hangs bounds of the fixture's jobs: a step bound of 3 s (steps take about 0.1 s), a second of grace
 HANG_BOUNDS = {"FT_PLUGINS_HANGS_FLOOR": "3", "FT_PLUGINS_HANGS_WARMUP": "60", "FT_PLUGINS_HANGS_GRACE": "1"}
 
@@ -47,6 +49,10 @@ class Job:
     def began(self, rank: int) -> dict[int, float]:
         """Each step's wall time at its begin, from the job's own step log."""
         return {record["step"]: record["began"] for record in self._records(rank)}
+
+    def durations(self, rank: int) -> list[tuple[int, float]]:
+        """(step, seconds) of each step ``rank`` ended, in order, from the job's own step log."""
+        return [(record["step"], record["ended"] - record["began"]) for record in self._records(rank)]
 
     def killed(self, rank: int) -> float:
         """The wall time ``rank`` SIGKILLed itself at (``FT_TEST_KILL``)."""
@@ -193,6 +199,27 @@ def hang_found(job: Job, rank: int) -> tuple[str, str]:
     found = [line for line in job.stdout.splitlines() if f"hangs: rank {rank} (pid" in line]
     assert len(found) == 1, job.stdout[-4000:]
     return found[0], job.stdout.split(found[0], 1)[1]
+
+
+def assert_step_bound(job: Job, bound: float) -> None:
+    """``bound``, the step bound msrun's watch named a hang with (said to 0.1 s), is what the watch's rule gives for
+    the steps the job's step log shows: ``max(floor, factor x the slowest step)``, the rule and its warm-up steps as
+    said at start, each process's first steps teaching nothing. The watch times a step from the round that sees it
+    begin to the round that sees it end, ``INTERVAL`` apart: as the log's step, give or take a round at either end.
+    The log's step ends after ModelCheckpoint's step end: a save step is longer there than the watch's, so save
+    steps raise the upper end only."""
+    from ft_plugins.launch.msrun_watch import INTERVAL
+
+    rule = re.search(r"a step max\(([0-9.]+) s, ([0-9.]+) x the slowest step\), set-up, the first (\d+) steps",
+                     job.stdout)
+    assert rule, job.stdout[-3000:]
+    floor, factor, warmup = float(rule.group(1)), float(rule.group(2)), int(rule.group(3))
+    taught = [(step, seconds) for rank in range(WORKERS) for begun, (step, seconds) in enumerate(job.durations(rank), 1)
+              if begun > warmup]
+    slack = 2 * INTERVAL
+    low = max(floor, factor * (max(seconds for step, seconds in taught if step % SAVE_EVERY) - slack))
+    high = max(floor, factor * (max(seconds for _, seconds in taught) + slack))
+    assert low - 0.05 <= bound <= high + 0.05, (bound, low, high, taught)
 
 
 def assert_same_parameters(left: dict[str, np.ndarray], right: dict[str, np.ndarray]) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from report_check import check_faults
+from step_bounds import step_bound
 from ttp_runs import ITERS, Job, Launch, run_supervised, same_as_reference
 from support import MEGATRON_EXAMPLE, TORCHRUN, free_port, kill_tree
 
@@ -66,7 +67,8 @@ def _hung_lines(job: Job) -> list[str]:
 def test_a_hang_with_recover_replaces_the_rank_in_place_and_ends_bit_identical(recovered: Job, reference: Job) -> None:
     assert recovered.returncode == 0, recovered.output[-4000:]
     hung = _hung_lines(recovered)
-    assert len(hung) == 1 and f"in step of step {STEP + 1} (bound 3.0 s)" in hung[0], recovered.output[-4000:]
+    assert len(hung) == 1 and f"in step of step {STEP + 1} (bound " in hung[0], recovered.output[-4000:]
+    step_bound(recovered, hung[0])  # the rule's, for the steps this machine ran
     assert recovered.lines("hangs: rank 0 waits for it in a collective")
     assert recovered.lines("recover: rank 1 exited with code -9; replacement pid")
     assert recovered.lines(f"every rank stands at step {STEP}, training continues at step {STEP + 1}")
@@ -91,7 +93,8 @@ def test_a_save_slower_than_the_step_bound_is_no_hang(recovered: Job) -> None:
 
 def test_a_slow_first_step_is_no_hang_and_teaches_no_bound(recovered: Job) -> None:
     assert recovered.lines("firing injected fault rank=1,step=0,kind=slow,at=forward,attempt=0,seconds=8")
-    assert "(bound 3.0 s)" in _hung_lines(recovered)[0], "the 8 s warm-up step left the step bound at the floor"
+    bound, factor = step_bound(recovered, _hung_lines(recovered)[0])
+    assert bound < factor * 8, "the 8 s warm-up step taught the step bound nothing"
 
 
 def test_a_hang_with_ttp_and_torchrun_restarts_dumps_restarts_and_resumes_bit_identical(

@@ -13,12 +13,23 @@ rank's RNG file is its own, taken at the end of step K as a save at K would hold
 hands its file to the writer on the same store, the writer puts every file that came into the checkpoint
 before the commit, and a lost rank's as a copy of its own, said in one line (:mod:`.rng_files`: why a
 copy, how long the writer waits). FSDP and DeepSpeed shard the state: refused with one line.
+
+A ``checkpoint-K`` there already (the save of K the fault interrupted, or, with ``resume`` off, a complete one that
+was never committed) is replaced so that a whole one, old or new, stands at ``checkpoint-K`` at every instant: the
+committed staging folder and it swap places in one rename (``renameat2``'s ``RENAME_EXCHANGE``), then the old one
+is removed. Where the file system cannot swap (NFS) the old one steps aside to ``tmp-checkpoint-K.replaced`` first;
+a crash between those two renames leaves no ``checkpoint-K`` until the next start. What a crash leaves at any point
+is finished as the next ``Trainer`` is built (:func:`tidy`, on rank 0, the other ranks waiting for it).
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import functools
 import logging
 import os
+import re
 import shutil
 import signal
 import time
@@ -33,6 +44,7 @@ from ft_plugins.patching import Patch
 from ft_plugins.steps import FORWARD, IDLE, Frozen, StepTracker
 from ft_plugins.rank import global_rank
 from ft_plugins.torch import saving
+from ft_plugins.torch.hf.agree import agree
 from ft_plugins.torch.hf.rotation import committed
 from ft_plugins.torch.hf.rng import RngState, restore
 from ft_plugins.torch.hf.rng_files import PEER_WAIT, gather, offer, own_file, write_files
@@ -41,6 +53,9 @@ from ft_plugins.torch.store import claim
 from ft_plugins.triggers import EXIT_ON_ERROR, DyingGasp
 
 log = logging.getLogger("ft_plugins.ttp")
+
+LEFT_OVER = re.compile(r"^tmp-checkpoint-(\d+)(\.replaced)?$")  # a dump's staging folder, or an old one put aside
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
 
 
 @dataclass
@@ -60,12 +75,24 @@ class TrainerDump:
         self._rng: dict[str, Any] | None = None
         self._take_rng = RngState().take
         self._trainer: Any = None
+        self._starts = 0  # Trainers built by this process: each one's tidy is a question of its own
 
     def patches(self) -> tuple[Patch, ...]:
-        return (Patch(TRAINER, "Trainer.train", self.train),
+        return (Patch(TRAINER, "Trainer.__init__", self.init),
+                Patch(TRAINER, "Trainer.train", self.train),
                 Patch("accelerate.optimizer", "AcceleratedOptimizer.step", self.update))
 
     # -- hooks -------------------------------------------------------------------------------------
+    def init(self, wrapped: Callable[..., Any], trainer: Any, args: tuple, kwargs: dict) -> Any:
+        """What a crash left of a dump's replacement, finished by rank 0 while the other ranks wait: before
+        ``Trainer.train`` (or a script, once it built its Trainer) looks for the last checkpoint."""
+        result = wrapped(*args, **kwargs)
+        run_dir = self.feature.settings["save_dir"] or getattr(trainer.args, "output_dir", None)
+        if run_dir:
+            self._starts += 1
+            agree(f"ttp/tidy/{self._starts}/{os.path.abspath(run_dir)}", lambda: _tidied(run_dir))
+        return result
+
     def train(self, wrapped: Callable[..., Any], trainer: Any, args: tuple, kwargs: dict) -> Any:
         self._refusal, self._trainer = _unsupported(trainer), trainer
         if self._refusal:
@@ -135,13 +162,89 @@ class TrainerDump:
                         "their rng_state files in checkpoint-%d are copies of rank %d's", reason,
                         ", ".join(map(str, lost)), PEER_WAIT, step, rank)
         commit_checkpoint(staging)
-        if os.path.exists(final):  # the save of K this fault interrupted: never committed, now replaced whole
-            shutil.rmtree(final)
-        os.replace(staging, final)
+        put_in_place(staging, final)
         self.feature.saves.append(final)
         seconds = time.monotonic() - started
         log.warning("ttp: %s: rank %d dumped %s in %.0f ms; committed", reason, global_rank(), final, seconds * 1000)
         events.emit("dump", step=step, seconds=round(seconds, 4), committed=True)
+
+
+def put_in_place(staging: str, final: str) -> None:
+    """The committed ``staging`` becomes ``final``. A ``final`` there already (never committed: a committed one is
+    never replaced) is swapped with it in one rename, then removed; where the file system cannot swap, it steps
+    aside first (:func:`tidy` finishes a replacement a crash cut short)."""
+    if not os.path.exists(final):
+        os.replace(staging, final)
+        return
+    if _exchange(staging, final):
+        shutil.rmtree(staging, ignore_errors=True)  # the old one now: the dump is in place whatever happens to it
+        return
+    aside = f"{staging}.replaced"
+    os.replace(final, aside)
+    os.replace(staging, final)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _renameat2() -> Callable[..., int] | None:
+    try:
+        function = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):  # not Linux, or a C library older than glibc 2.28
+        return None
+    function.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
+    function.restype = ctypes.c_int
+    return function
+
+
+def _exchange(first: str, second: str) -> bool:
+    """Swap two folders in one rename; False where the kernel or the file system cannot (NFS, FUSE, Linux before
+    3.15), and nothing moved."""
+    function = _renameat2()
+    if function is None:
+        return False
+    if function(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE) == 0:
+        return True
+    error = ctypes.get_errno()
+    if error in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(error, os.strerror(error), first, None, second)
+
+
+def tidy(run_dir: str) -> None:
+    """What a crash left of a dump's replacement of ``checkpoint-K`` in ``run_dir``, each step with one line: a
+    committed dump still staged goes in place of an uncommitted (or missing) ``checkpoint-K``; an old one put aside
+    comes back where there is neither; a ``tmp-checkpoint-K`` beside a committed ``checkpoint-K`` (the old one after
+    a swap) and an old one aside beside any ``checkpoint-K`` are removed. A staged dump never committed (its writer
+    died writing it) is left for the next dump of K to replace."""
+    try:
+        names = os.listdir(run_dir)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for step in sorted({int(match.group(1)) for match in map(LEFT_OVER.match, names) if match}):
+        final = os.path.join(run_dir, f"checkpoint-{step}")
+        staging = os.path.join(run_dir, f"tmp-checkpoint-{step}")
+        aside = f"{staging}.replaced"
+        if committed(staging) and not committed(final):
+            put_in_place(staging, final)
+            log.warning("ttp: %s: the committed dump in %s put in place (a crash had cut its replacement short)",
+                        final, staging)
+        elif os.path.isdir(aside) and not os.path.exists(final):
+            os.replace(aside, final)
+            log.warning("ttp: %s restored from %s (a crash had cut a dump's replacement short, and no committed "
+                        "dump was left to take its place)", final, aside)
+        for leftover, replaced in ((staging, committed(final)), (aside, os.path.exists(final))):
+            if replaced and os.path.isdir(leftover):
+                shutil.rmtree(leftover, ignore_errors=True)
+                log.warning("ttp: removed %s, left by a crash as the dump replaced %s", leftover, final)
+
+
+def _tidied(run_dir: str) -> dict[str, Any]:
+    """:func:`tidy` for :func:`.agree.agree`: never raises (the other ranks wait for its answer)."""
+    try:
+        tidy(run_dir)
+    except OSError as exc:
+        log.error("ttp: what a crash left in %s could not be tidied: %s", run_dir, exc)
+    return {}
 
 
 def _nothing_to_save(frozen: Frozen | None) -> str:
