@@ -40,7 +40,8 @@ LONGEST_FIRST = (
     "mindspore/test_msrun.py", "mindspore/test_mindspore_newer.py", "mindspore/test_mindformers_releases.py",
     "mindspore/test_mindformers_hang.py", "mindspore/test_msrun_nodes.py",
     "launch/test_real_taskd.py",
-    "torch_megatron/test_replica_option.py",
+    "torch_megatron/test_replica_option.py", "torch_megatron/test_report_ranks.py", "hf/test_trainer_ttp_replace.py",
+    "torch_megatron/test_overlapped_dump.py",
     "torch_plugin/test_replicated_zero.py", "patch/test_patched_runs.py", "hf/test_accelerate_runs.py",
     "torch_megatron/test_megatron_runs.py",
 )
