@@ -12,7 +12,8 @@ Commit (:func:`commit_dump`) = coverage check (every shard of the run has a part
 K) + rename to ``iter_{K:07d}`` + commit manifest + atomic tracker update. It is idempotent and
 needs no coordinator: every writer tries it after writing its part, so the last one to finish
 commits, and :func:`complete_pending` finishes an interrupted commit at the next start-up. A dump
-is never committed over an existing ``iter_{K:07d}`` (a periodic save of K, maybe half-written).
+is never committed over an existing ``iter_{K:07d}`` (a periodic save of K, maybe half-written), and a periodic
+save of K over a committed dump first withdraws its commit (:func:`withdraw`).
 Framework-neutral: the caller supplies the function that writes a shard's file.
 
 The dump races the launcher's SIGKILL, and what a killed process wrote stays in the kernel, which writes it back:
@@ -33,7 +34,7 @@ from typing import Callable, Iterable, Mapping
 
 from ft_plugins.checkpoint.atomic import atomic_file, fsync_directory
 from ft_plugins.checkpoint.errors import ManifestError
-from ft_plugins.checkpoint.manifest import MANIFEST, write_manifest
+from ft_plugins.checkpoint.manifest import MANIFEST, is_dump, manifest_or_problem, write_manifest
 from ft_plugins.checkpoint.naming import ITERATION_DIR, advance_tracker, dump_dir, iteration_dir, tracker_iteration
 
 PART_RECORD = "ft_part.json"
@@ -207,6 +208,20 @@ def commit_dump(save_dir: str, iteration: int, durable: bool = True) -> Outcome:
             return Outcome(iteration, False, final, [str(exc)])
     advance_tracker(save_dir, iteration, durable=durable)
     return Outcome(iteration, True, final)
+
+
+def withdraw(save_dir: str, iteration: int) -> bool:
+    """Before a save writes into ``iter_K``: a dump committed there stops counting as committed (its manifest goes),
+    so that a save cut short over it, part its files and part the dump's, is never taken for a committed dump. A
+    save's own commit writes the manifest again once it completed. Whether a dump's manifest was removed."""
+    manifest = os.path.join(iteration_dir(save_dir, iteration), MANIFEST)
+    if not is_dump(manifest_or_problem(manifest)):
+        return False
+    try:
+        os.unlink(manifest)
+    except FileNotFoundError:  # another rank of the save withdrew it first
+        return False
+    return True
 
 
 def _is_uncommitted_dump(entry: os.DirEntry) -> bool:

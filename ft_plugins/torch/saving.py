@@ -17,9 +17,11 @@ import inspect
 import os
 import pickle
 import struct
+import time
 import zipfile
 import zlib
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 _DESCRIPTOR = b"PK\x07\x08"
 _ENTRY = b"PK\x01\x02"
@@ -63,6 +65,31 @@ def save(obj: Any, path: str) -> None:
         fill_in_crcs(path, crcs)
     except LayoutError:
         torch.save(obj, path)
+
+
+@contextmanager
+def timed_writes() -> Iterator[list[tuple[float, int]]]:
+    """Every ``torch.save`` to a file while the block runs, as (seconds, bytes): the write alone, without what a
+    save does around it (the optimizer's gather, barriers waiting for the slowest rank), whose time says nothing of
+    the file system's speed."""
+    import torch
+
+    writes: list[tuple[float, int]] = []
+    original = torch.save
+
+    def timed(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+        started = time.monotonic()
+        result = original(obj, f, *args, **kwargs)
+        if isinstance(f, (str, os.PathLike)):
+            writes.append((time.monotonic() - started, os.path.getsize(f)))
+        return result
+
+    torch.save = timed
+    try:
+        yield writes
+    finally:
+        if torch.save is timed:  # one patched over it meanwhile stays
+            torch.save = original
 
 
 def _takes_archive_writer_arguments(write_archive: Any) -> bool:

@@ -13,7 +13,8 @@ import pytest
 
 from ft_plugins.checkpoint import find_latest, verify
 from ft_plugins.checkpoint.dump import (PART_RECORD, Part, clear_staging, commit_dump, complete_pending, pending_reason,
-                                       uncovered, write_part)
+                                       uncovered, withdraw, write_part)
+from ft_plugins.checkpoint.manifest import write_manifest
 from ft_plugins.checkpoint.naming import TRACKER, dump_dir, tracker_iteration
 from ft_plugins.checkpoint.naming import iteration_dir as final_dir
 
@@ -254,6 +255,19 @@ def test_a_dump_never_replaces_a_periodic_save_of_the_same_step(tmp_path: Path) 
     assert outcome.reasons == ["iter_0000005 already exists (a periodic save of the same step, maybe half-written): "
                                "the dump is not committed over it"]
     assert pending_reason(dump_dir(str(tmp_path), 5)).startswith("dying-gasp dump never committed: iter_0000005 already")
+
+
+def test_a_periodic_save_over_a_committed_dump_withdraws_its_commit_first(tmp_path: Path) -> None:
+    """A job that resumed from before a committed dump of step 5 (the dump judged damaged, another ``--load``) saves
+    step 5 again into the same folder: cut short, its files beside the dump's must not pass for the dump."""
+    for shard in SHARDS:
+        _part(tmp_path, shard, 5)
+    assert commit_dump(str(tmp_path), 5).committed
+    manifest = Path(final_dir(str(tmp_path), 5)) / "ft_manifest.json"
+    assert withdraw(str(tmp_path), 5) and not manifest.exists()
+    assert not withdraw(str(tmp_path), 5), "withdrawn once"
+    write_manifest(final_dir(str(tmp_path), 5))  # the save's own commit, once it completed
+    assert not withdraw(str(tmp_path), 5) and manifest.exists(), "a save's commit is not a dump's: it stays"
 
 
 def test_start_up_completes_a_commit_interrupted_after_the_rename(tmp_path: Path) -> None:

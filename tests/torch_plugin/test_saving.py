@@ -133,3 +133,21 @@ def test_an_archive_laid_out_otherwise_is_written_again_by_torch_save(tmp_path: 
     with zipfile.ZipFile(path) as archive:
         assert archive.testzip() is None
         assert all(member.CRC for member in archive.infolist() if member.file_size)
+
+
+def test_a_saves_writes_are_timed_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The grace learns the file system's speed from a save's own writes, not from its gathers and barriers: on a clock
+    that moves one second at each look, each ``torch.save`` to a file counts one second and what runs around it
+    none; a save to a buffer is no write."""
+    import io
+    import itertools
+
+    clock = itertools.count()
+    monkeypatch.setattr(saving.time, "monotonic", lambda: float(next(clock)))
+    original = torch.save
+    with saving.timed_writes() as writes:
+        torch.save({"w": torch.zeros(10)}, tmp_path / "a.pt")
+        torch.save({"w": torch.zeros(1000)}, str(tmp_path / "b.pt"))
+        torch.save({"w": torch.zeros(10)}, io.BytesIO())
+    assert writes == [(1.0, (tmp_path / "a.pt").stat().st_size), (1.0, (tmp_path / "b.pt").stat().st_size)]
+    assert torch.save is original

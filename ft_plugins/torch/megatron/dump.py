@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from ft_plugins import events, grace
 from ft_plugins.checkpoint.atomic import sync_file_system
-from ft_plugins.checkpoint.dump import Part, clear_staging, commit_dump, complete_pending, write_part
+from ft_plugins.checkpoint.dump import Part, clear_staging, commit_dump, complete_pending, withdraw, write_part
 from ft_plugins.checkpoint.naming import iteration_dir, tracker_iteration
 from ft_plugins.faults import RESTART_VAR
 from ft_plugins.features.ttp import Ttp
@@ -95,19 +95,29 @@ class MegatronDump:
     # -- wrappers (wrapt signature) ----------------------------------------------------------------
     def save_checkpoint(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         iteration = kwargs.get("iteration", args[0] if args else None)
+        persistent = isinstance(iteration, int) and not kwargs.get("non_persistent_ckpt")
+        if persistent and getattr(megatron_args(), "save", None) and withdraw(megatron_args().save, iteration):
+            log.warning("ttp: the save of iteration %d writes over the dump of that step: the dump no longer counts "
+                        "as committed until the save does", iteration)
         started = time.monotonic()
-        result = wrapped(*args, **kwargs)
-        if isinstance(iteration, int) and not kwargs.get("non_persistent_ckpt"):
+        with saving.timed_writes() as writes:
+            result = wrapped(*args, **kwargs)
+        if persistent:
             self._saved.add(iteration)
-            self._measure_save(iteration, time.monotonic() - started)
+            self._measure_save(iteration, time.monotonic() - started, writes)
         return result
 
-    def _measure_save(self, iteration: int, seconds: float) -> None:
-        """Rank 0 records how long the save took its largest writer (an async save's time is not the write's)."""
+    def _measure_save(self, iteration: int, seconds: float, writes: list[tuple[float, int]]) -> None:
+        """Rank 0 records how long the save's largest writer takes: at the speed of rank 0's own file writes, timed
+        alone (``torch.save``), where it wrote any (``torch_dist`` writes its own way: the whole save's time then,
+        barriers included). An async save's time is not the write's."""
         parsed = megatron_args()
         if (global_rank() or 0) != 0 or getattr(parsed, "async_save", False) or not getattr(parsed, "save", None):
             return
         written = grace.largest_writer(iteration_dir(parsed.save, iteration))
+        own_seconds, own_bytes = sum(write[0] for write in writes), sum(write[1] for write in writes)
+        if own_bytes and own_seconds:
+            seconds = written * own_seconds / own_bytes
         grace.record(parsed.save, grace.Measured(written, seconds, f"save of iteration {iteration}"))
         self._warn_if_short(parsed.save)
 

@@ -123,7 +123,7 @@ def send(state: dict[str, Any], receivers: tuple[int, ...], group: Any) -> int:
 
     buffer = io.BytesIO()
     torch.save(state, buffer)
-    payload = torch.frombuffer(bytearray(buffer.getbuffer()), dtype=torch.uint8)
+    payload = torch.frombuffer(buffer.getbuffer(), dtype=torch.uint8)  # the bytes saved, sent as they are
     size = torch.tensor([payload.numel()], dtype=torch.int64)
     for receiver in receivers:
         dist.send(size, receiver, group=group)
@@ -139,7 +139,37 @@ def receive(source: int, group: Any) -> dict[str, Any]:
     dist.recv(size, source, group=group)
     payload = torch.empty(int(size.item()), dtype=torch.uint8)
     dist.recv(payload, source, group=group)
-    return torch.load(io.BytesIO(payload.numpy().tobytes()), map_location="cpu", weights_only=False)
+    # a peer's bytes are read as Megatron reads a checkpoint: tensors and the types megatron-core registers as safe,
+    # never an arbitrary object a pickle names
+    return torch.load(io.BufferedReader(_Reading(memoryview(payload.numpy()))), map_location="cpu", weights_only=True)
+
+
+class _Reading(io.RawIOBase):
+    """A file read from bytes already in memory, in place: ``io.BytesIO`` holds a copy of its own, and a state
+    received whole would then be held three times at once (the bytes, the copy, the tensors loaded)."""
+
+    def __init__(self, data: memoryview) -> None:
+        super().__init__()
+        self.data, self.at = data, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, target: Any) -> int:
+        count = max(0, min(len(target), len(self.data) - self.at))
+        target[:count] = self.data[self.at:self.at + count]
+        self.at += count
+        return count
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self.at = offset + (0, self.at, len(self.data))[whence]
+        return self.at
+
+    def tell(self) -> int:
+        return self.at
 
 
 def apply(state: dict[str, Any], model: Any, optimizer: Any, scheduler: Any) -> None:
