@@ -19,7 +19,7 @@ import weakref
 from typing import Any, Callable
 
 from ft_plugins import events
-from ft_plugins.launch.leftovers import PROCESSES
+from ft_plugins.launch.leftovers import wrap_close
 
 log = logging.getLogger("ft_plugins.launch")
 
@@ -27,18 +27,8 @@ _closed: "weakref.WeakSet[Any]" = weakref.WeakSet()  # process contexts closed o
 
 
 def install() -> bool:
-    """Wrap torch's ``PContext.close`` (imported here: this runs in the torchrun process only); never raises."""
-    try:
-        import importlib
-
-        import wrapt
-
-        context = importlib.import_module(PROCESSES).PContext
-        context.close = wrapt.FunctionWrapper(context.close, close)
-    except Exception as exc:
-        log.warning("the job's events name no failed worker from torchrun (%s: %s)", type(exc).__name__, exc)
-        return False
-    return True
+    """Wrap torch's ``PContext.close`` with :func:`close`; never raises."""
+    return wrap_close(close, "the job's events name no failed worker from torchrun")
 
 
 def close(wrapped: Callable[..., Any], context: Any, args: tuple, kwargs: dict) -> Any:

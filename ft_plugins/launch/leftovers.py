@@ -22,16 +22,22 @@ PROCESSES = "torch.distributed.elastic.multiprocessing.api"  # PContext.close(de
 
 
 def install() -> bool:
-    """Wrap torch's ``PContext.close`` (imported here: this runs in the torchrun process only); never raises."""
+    """Wrap torch's ``PContext.close`` with :func:`close`; never raises."""
+    return wrap_close(close, "torchrun's stop leaves what failed workers started running")
+
+
+def wrap_close(wrapper: Callable[..., Any], lost: str) -> bool:
+    """Wrap torch's ``PContext.close`` with ``wrapper`` (wrapt signature; imported here: this runs in the torchrun
+    process only); never raises: where it cannot, says ``lost`` and why."""
     try:
         import importlib
 
         import wrapt
 
         context = importlib.import_module(PROCESSES).PContext
-        context.close = wrapt.FunctionWrapper(context.close, close)
+        context.close = wrapt.FunctionWrapper(context.close, wrapper)
     except Exception as exc:
-        log.warning("torchrun's stop leaves what failed workers started running (%s: %s)", type(exc).__name__, exc)
+        log.warning("%s (%s: %s)", lost, type(exc).__name__, exc)
         return False
     return True
 

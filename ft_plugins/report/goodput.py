@@ -8,10 +8,10 @@ work between steps counts); start-up (to the job's first step); else ``other`` (
 A fault is the cluster of what saw it: the fire drill's shot, the launcher's notice of a death, the watchdog's of a
 hang, a survivor's of a peer's exit (MindSpore's built-in dump), a dying gasp (SIGTERM, an exception), a survivor
 catching it. Its kind comes from the most direct witness in that order. Its rank is who failed, not who noticed first:
-the worker torchrun's launcher found failed first (of several found in one look, the one the workers' own record
-names, else the first); without the launcher's record (plain torchrun), the most direct of the others: the drill's
-shot, the watchdog's or a peer's notice, else the first process to gasp (a SIGTERMed worker, before torchrun stops
-its peers) or catch it. It ends when every rank trains again: each one repaired in place (one recovery generation), or
+the rank the drill's shot or the watchdog names; else the worker torchrun's launcher found failed first (of several
+found in one look, the one the workers' own record names, else the first); without the launcher's record (plain
+torchrun), a peer's notice, else the first process to gasp (a SIGTERMed worker, before torchrun stops its peers) or
+catch it. It ends when every rank trains again: each one repaired in place (one recovery generation), or
 each process of the restarted job (torchrun's next attempt, or a launch by another launcher: msrun started again) at
 its first step.
 """
@@ -29,6 +29,7 @@ PRIORITY = (DETECTION, DUMP, RESTART, IN_PLACE, SAVES, RECOMPUTED, TRAINING, STA
 BADPUT = (STARTUP, SAVES, DETECTION, DUMP, RESTART, IN_PLACE, RECOMPUTED)
 WITNESSES = ("injected", "watchdog", "launcher", "peer", "gasp", "caught")  # the most direct first
 NAMING = ("injected", "watchdog", "peer")  # besides the launcher, those naming the rank at fault (others: their own)
+SELF_NAMING = ("injected", "watchdog")  # they know the rank at fault better than any exit the launcher saw
 
 
 @dataclass
@@ -203,13 +204,17 @@ def _most_direct(pairs: list) -> tuple:
 
 
 def _failed_rank(cluster: list) -> int | None:
-    """Who failed (see the module's docstring): the launcher's first look, the workers' own record between the ranks
-    that look found, or instead of it."""
+    """Who failed (see the module's docstring): the drill's shot or the watchdog, which name the rank at fault, else
+    the launcher's first look (the workers' own record between the ranks that look found), else the workers' own
+    record. The launcher sees who exited first, which is not who failed where the fault is a rank's own (a raise, a
+    hang): its peers fall back and may exit before it."""
     own = [pair for pair in cluster if _witness(pair[0]) != "launcher"]
     named = None
     if own:
         event, process = _most_direct(own)
         named = event.get("rank") if _witness(event) in NAMING else process.rank
+        if _witness(event) in SELF_NAMING:
+            return named
     seen = [event for event, _ in cluster if _witness(event) == "launcher"]  # in time order: the cluster's
     first_look = [event.get("rank") for event in seen if event["t"] == seen[0]["t"]]
     return named if not first_look or named in first_look else first_look[0]

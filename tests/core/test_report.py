@@ -169,6 +169,15 @@ def test_several_found_failed_in_one_look_the_one_the_workers_name_else_the_firs
     assert [fault.rank for fault in analyse(read(str(tmp_path / "silent"))).faults] == [0]
 
 
+def test_a_rank_that_names_itself_at_fault_is_named_before_the_first_the_launcher_found_exited(tmp_path: Path) -> None:
+    """Rank 0's drill raises at 5.0 s; under ``recover`` its peer falls back and exits first (the launcher's look
+    finds rank 1 at 5.2 s, rank 0 at 5.4 s): the rank at fault is the one that says so, not the first to exit."""
+    shot = {"t": 5.0, "ev": "fault", "rank": 0, "kind": "exception", "section": "forward", "noticed": "injected"}
+    restarted_job(tmp_path, (seen(5.2, 1, 1), seen(5.4, 0, 1)), None, rank0=(shot,))
+    [fault] = analyse(read(str(tmp_path))).faults
+    assert (fault.rank, fault.kind, fault.how) == (0, "exception", "dump + restart")
+
+
 def test_no_events_is_refused_saying_where_it_looked(tmp_path: Path) -> None:
     with pytest.raises(Refused, match=f"no events found: looked for \\*.jsonl in {tmp_path} and {tmp_path}/ft_events"):
         read(str(tmp_path))

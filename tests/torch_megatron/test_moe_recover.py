@@ -65,9 +65,8 @@ def distributed_reference(tmp_path_factory: pytest.TempPathFactory) -> Job:
 
 @pytest.fixture(scope="module")
 def preempted(tmp_path_factory: pytest.TempPathFactory) -> Job:
-    faults = ";".join(f"rank={rank},step={PREEMPTED},kind=term" for rank in range(MOE.nproc))
     return DISTRIBUTED.run(tmp_path_factory.mktemp("moe_preempted"), *FAR, FT_PLUGINS="ttp,resume",
-                           FT_PLUGINS_TTP_REPLICAS="1", FT_PLUGINS_INJECT_FAULT=faults)
+                           FT_PLUGINS_TTP_REPLICAS="1", FT_PLUGINS_INJECT_FAULT=DISTRIBUTED.preemption(PREEMPTED))
 
 
 def test_the_dump_of_each_expert_shard_is_committed_with_its_optimizer_state_bit_for_bit(

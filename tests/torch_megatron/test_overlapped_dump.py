@@ -29,8 +29,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Job:
 
 @pytest.fixture(scope="module")
 def preempted(tmp_path_factory: pytest.TempPathFactory) -> Job:
-    faults = ";".join(f"rank={rank},step={STEP - 1},kind=term,at=update" for rank in range(OVERLAPPED.nproc))
-    return OVERLAPPED.run(tmp_path_factory.mktemp("overlapped_preempted"), *FAR, **TTP, FT_PLUGINS_INJECT_FAULT=faults)
+    return OVERLAPPED.run(tmp_path_factory.mktemp("overlapped_preempted"), *FAR, **TTP,
+                          FT_PLUGINS_INJECT_FAULT=OVERLAPPED.preemption(STEP - 1, at="update"))
 
 
 def test_the_dump_holds_one_step_weights_and_optimizer_state_alike(preempted: Job, reference: Job) -> None:

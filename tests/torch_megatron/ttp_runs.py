@@ -133,6 +133,11 @@ class Launch:
         """Megatron's plain ``--load`` on ``job``'s save directory: a second launch of the same shape."""
         return self.run(job.save.parent, "--load", str(job.save), *args, save=job.save, **env)
 
+    def preemption(self, completed: int, at: str = "") -> str:
+        """The drill of a preemption: every rank SIGTERMed in the step after ``completed`` steps (``at``: where in it)."""
+        where = f",at={at}" if at else ""
+        return ";".join(f"rank={rank},step={completed},kind=term{where}" for rank in range(self.nproc))
+
     def reference(self, workdir: Path, *args: str) -> Job:
         """The uninterrupted run without ft_plugins, saving every step."""
         job = self.run(workdir, "--save-interval", "1", *args, FT_PLUGINS="none")
