@@ -34,13 +34,13 @@ def _root_store() -> Any:
 
 
 def agreed(key: str, mine: str) -> str:
-    """The value the first caller offered for ``key`` on torchrun's store, which every caller gets; ``mine``
-    without a reachable store (one process alone)."""
+    """The value the first caller offered for ``key`` on torchrun's store, which every caller gets; empty without a
+    store that can say (one process alone, a store without ``compare_set``): the same for every caller then."""
     try:
         return _root_store().compare_set(key, "", mine).decode()
     except Exception as exc:
-        log.debug("ttp: no store to agree on %s (%s: %s); this process's own value", key, type(exc).__name__, exc)
-        return mine
+        log.debug("ttp: no store to agree on %s (%s: %s)", key, type(exc).__name__, exc)
+        return ""
 
 
 def claim(key: str) -> bool:

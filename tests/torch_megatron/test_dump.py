@@ -94,16 +94,18 @@ def test_parts_of_another_layout_are_never_committed(tmp_path: Path) -> None:
 
 
 def test_every_writer_of_one_dump_agrees_on_its_attempt_through_torchruns_store() -> None:
-    """The first value offered wins for every caller, through any prefix of the default group's store."""
+    """The first value offered wins for every caller, through any prefix of the default group's store; without a
+    store, every caller gets the same empty value (a process alone)."""
     script = (
         "import torch.distributed as dist\n"
         "from datetime import timedelta\n"
         "from ft_plugins.torch.store import agreed\n"
+        "print(repr(agreed('k', 'alone')))\n"
         "store = dist.TCPStore('127.0.0.1', 0, 1, True, timeout=timedelta(seconds=10))\n"
         "dist.init_process_group('gloo', store=dist.PrefixStore('generation/', store), rank=0, world_size=1)\n"
         "print(agreed('k', 'first'), agreed('k', 'second'), store.get('k').decode())\n")
     found = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-    assert found.stdout.split() == ["first", "first", "first"], found.stdout + found.stderr
+    assert found.stdout.split() == ["''", "first", "first", "first"], found.stdout + found.stderr
 
 
 def test_a_writer_killed_mid_write_leaves_no_record_and_no_commit(tmp_path: Path) -> None:
