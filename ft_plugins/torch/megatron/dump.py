@@ -274,7 +274,9 @@ def instance_state(optimizer: Any, iteration: int) -> Any:
 
     sharded = sharded_optimizers(optimizer)
     held = [member.data_parallel_group_gloo for member in sharded]
-    with real_twins(held, f"ft_plugins/dump/{os.environ.get(RESTART_VAR, '0')}/{iteration}") as groups:
+    # met per restart attempt, not per step: a torn member offers -1 and must meet the others to say so (one dump
+    # ends the processes of an attempt)
+    with real_twins(held, f"ft_plugins/dump/{os.environ.get(RESTART_VAR, '0')}") as groups:
         group = groups[0]
         mine = torch.tensor([iteration], dtype=torch.int64)
         found = [torch.empty_like(mine) for _ in range(group.size())]
