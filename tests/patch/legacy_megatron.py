@@ -293,6 +293,7 @@ FILES = {
     "pretrain_tiny.py": '''
         """Pretrain a tiny linear model with the legacy Megatron layout (CPU, gloo)."""
         import os
+        import time
 
         import torch
 
@@ -321,6 +322,13 @@ FILES = {
 
         if __name__ == "__main__":
             pretrain(batches, model_provider, None, forward_step)
+            # Drained before the interpreter ends, as ``import ft_plugins.torch`` drains Megatron's pretrain()
+            # (ft_plugins/torch/clean_exit.py): left to the exit, a gloo worker thread still letting go of the last
+            # collective sometimes aborts a finished job (PyTorch issue 190489). A source patch of the legacy
+            # layout has no place for it.
+            torch.distributed.barrier()
+            time.sleep(0.1)
+            torch.distributed.destroy_process_group()
     ''',
 }
 
