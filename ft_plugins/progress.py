@@ -20,24 +20,26 @@ import signal
 import struct
 import threading
 from contextlib import contextmanager
-from typing import IO, Iterator, Mapping, NamedTuple
+from collections import namedtuple
+from typing import IO, Iterator, Mapping
 
 from ft_plugins.config import PROGRESS_VAR
+from ft_plugins.features.hangs import (BETWEEN, DATA, DUMP, END, EVAL, RECOVERY, SAVE, SECTIONS,  # noqa: F401
+                                       SETUP, STEP)
 
 log = logging.getLogger("ft_plugins.hangs")
 
-# sections, by code: what a rank is doing; each has its own bound at the launcher
-SECTIONS = ("setup", "step", "data", "save", "eval", "dump", "recovery", "between", "end")
-SETUP, STEP, DATA, SAVE, EVAL, DUMP, RECOVERY, BETWEEN, END = range(len(SECTIONS))
 STACKS_SIGNAL = signal.SIGUSR2
 _HEAD = struct.Struct("<iQ")  # pid, the main thread's ident (names it in a faulthandler dump)
 _BODY = struct.Struct("<QqqB")  # reports so far, step, steps begun in this process, section
 _SIZE = _HEAD.size + _BODY.size
 
 
-class Record(NamedTuple):
+# collections' namedtuple, not typing.NamedTuple: that compiles each field's annotation when the class is made
+class Record(namedtuple("Record", ("pid", "thread", "seq", "step", "begun", "section"))):
     """One rank's last report: its process, its main thread, how many reports, the step and section."""
 
+    __slots__ = ()
     pid: int
     thread: int
     seq: int

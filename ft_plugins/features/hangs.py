@@ -16,8 +16,12 @@ from typing import Any, Mapping
 
 from ft_plugins.config import Option, parse_count, parse_seconds
 from ft_plugins.features.base import Feature
-from ft_plugins.progress import DUMP, END, EVAL, RECOVERY, SAVE, SETUP
 from ft_plugins.vendors import VendorUnavailable
+
+# sections, by code: what a rank is doing (reported through :mod:`ft_plugins.progress`); each has its own bound.
+# Named here, where the bounds are, so that every process can weigh them without loading the reporting itself.
+SECTIONS = ("setup", "step", "data", "save", "eval", "dump", "recovery", "between", "end")
+SETUP, STEP, DATA, SAVE, EVAL, DUMP, RECOVERY, BETWEEN, END = range(len(SECTIONS))
 
 
 class Bounds:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import wrapt
 
 from ft_plugins.config import Option, parse_bool
 from ft_plugins.features.base import Feature
-from ft_plugins.vendors.ranges import BACKENDS, RangeBackend, select_backend
+from ft_plugins.vendors.ranges import BACKENDS, select_backend
+
+if TYPE_CHECKING:
+    from ft_plugins.vendors.ranges import RangeBackend
 
 STEP = "step"
 DATALOADER = "dataloader"

@@ -18,7 +18,6 @@ import time
 from typing import TYPE_CHECKING
 
 from ft_plugins import events
-from ft_plugins.checkpoint.errors import CheckpointError, NoIntactCheckpoint
 from ft_plugins.config import Option, parse_bool
 from ft_plugins.features.base import Feature
 from ft_plugins.rank import is_rank_zero
@@ -51,6 +50,7 @@ class Resume(Feature):
         """The checkpoint to resume from, logging every skipped one; raises NoIntactCheckpoint when
         checkpoints exist, none is intact and ``allow_scratch`` is off. Saves that never finished (a dying-gasp
         dump cut short) are not checkpoints: alone, they leave the job to start as it would without one."""
+        from ft_plugins.checkpoint.errors import NoIntactCheckpoint
         from ft_plugins.checkpoint.select import find_latest
 
         started = time.monotonic()
@@ -89,6 +89,7 @@ class Resume(Feature):
         if not self.settings["manifest"]:
             return None
         from ft_plugins.checkpoint.committing import commit as commit_checkpoint
+        from ft_plugins.checkpoint.errors import CheckpointError
 
         try:
             path = commit_checkpoint(checkpoint, full=self.settings["full_checksum"])

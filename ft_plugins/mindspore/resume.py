@@ -169,7 +169,7 @@ class ResumeCallback(Callback):
     def _choose(self, directory: str) -> None:
         """The resume choice; only NoIntactCheckpoint (checkpoints exist, none intact) stops the job, before
         training. A directory that cannot be examined is logged and training starts as MindSpore would."""
-        from ft_plugins.features.resume import NoIntactCheckpoint
+        from ft_plugins.checkpoint.errors import NoIntactCheckpoint
 
         if not os.path.isdir(directory):
             log.info("resume: %s does not exist yet; starting from scratch", directory)

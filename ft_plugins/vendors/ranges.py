@@ -12,7 +12,7 @@ import importlib
 import importlib.util
 import inspect
 import logging
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable
 
 from ft_plugins.vendors import VendorUnavailable, versions
 
@@ -22,12 +22,15 @@ DOMAIN = "default"
 BACKENDS = ("auto", "torch_npu", "mindspore", "nvtx", "noop")
 
 
-class RangeBackend(Protocol):
-    name: str
+if TYPE_CHECKING:  # a typing.Protocol costs its class creation at every training process's import
+    from typing import Protocol
 
-    def range_start(self, message: str, device: bool = False) -> Any: ...
+    class RangeBackend(Protocol):
+        name: str
 
-    def range_end(self, handle: Any) -> None: ...
+        def range_start(self, message: str, device: bool = False) -> Any: ...
+
+        def range_end(self, handle: Any) -> None: ...
 
 
 class NoopRanges:

@@ -17,7 +17,8 @@ from ft_plugins.checkpoint.manifest import MANIFEST
 from ft_plugins.checkpoint.probes import probe
 from ft_plugins.cli import main as cli_main
 from ft_plugins.features import FEATURES
-from ft_plugins.features.resume import NoIntactCheckpoint, Resume
+from ft_plugins.checkpoint.errors import NoIntactCheckpoint
+from ft_plugins.features.resume import Resume
 from ft_plugins.hooks import newest_intact_checkpoint
 from ft_plugins.runtime import activate
 

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from ft_plugins.checkpoint import find_latest, verify
 from ft_plugins.checkpoint.manifest import MANIFEST
 from ft_plugins.checkpoint.probes import BY_SUFFIX, probe
-from ft_plugins.features.resume import NoIntactCheckpoint, Resume
+from ft_plugins.checkpoint.errors import NoIntactCheckpoint
+from ft_plugins.features.resume import Resume
 
 FUZZ = settings(derandomize=True, max_examples=150, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow])

@@ -224,7 +224,8 @@ def test_a_periodic_save_cut_short_alone_starts_as_megatron_would_but_a_committe
         caplog: pytest.LogCaptureFixture) -> None:
     """The first periodic save killed midway: Megatron never moved its tracker, ft_plugins never wrote the
     manifest, so it is no checkpoint; Megatron alone would start from scratch, and so does the job."""
-    from ft_plugins.features.resume import NoIntactCheckpoint, Resume
+    from ft_plugins.checkpoint.errors import NoIntactCheckpoint
+    from ft_plugins.features.resume import Resume
 
     source = request.getfixturevalue(pristine)
     save = damage.copy(source, tmp_path / "ckpt")

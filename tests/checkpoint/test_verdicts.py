@@ -20,7 +20,8 @@ import torch
 from ft_plugins.checkpoint import commit, find_latest
 from ft_plugins.checkpoint import select as select_module
 from ft_plugins.checkpoint.verdicts import VERDICT_FILE
-from ft_plugins.features.resume import NoIntactCheckpoint, Resume
+from ft_plugins.checkpoint.errors import NoIntactCheckpoint
+from ft_plugins.features.resume import Resume
 
 
 def _save(root: Path, iteration: int, dist: bool) -> Path:

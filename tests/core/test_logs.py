@@ -89,7 +89,7 @@ def test_every_rank_raising_no_intact_checkpoint_names_what_was_skipped(tmp_path
     (tmp_path / "iter_0000002" / "mp_rank_00").mkdir(parents=True)
     (tmp_path / "iter_0000002" / "mp_rank_00" / "model_optim_rng.pt").write_bytes(b"PK truncated")
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("2")  # Megatron committed it
-    code = ("from ft_plugins.features.resume import Resume, NoIntactCheckpoint\n"
+    code = ("from ft_plugins.checkpoint.errors import NoIntactCheckpoint\nfrom ft_plugins.features.resume import Resume\n"
             "feature = Resume('pt', {o.name: o.default for o in Resume.options}); feature.start()\n"
             f"try:\n    feature.choose({str(tmp_path)!r})\nexcept NoIntactCheckpoint as exc:\n"
             "    print(exc); print(exc.skipped[0][1])\n")

@@ -179,7 +179,7 @@ def test_an_explicit_damaged_path_or_no_intact_checkpoint_is_refused_before_trai
         ft_torch, reference: Job, tmp_path: Path) -> None:
     import transformers.trainer_utils as utils
 
-    from ft_plugins.features.resume import NoIntactCheckpoint
+    from ft_plugins.checkpoint.errors import NoIntactCheckpoint
 
     out = _damaged(reference, tmp_path, "truncated")
     ft_torch.enable("resume")

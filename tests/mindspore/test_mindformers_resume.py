@@ -270,7 +270,7 @@ def test_meta_json_s_pick_yields_to_a_newer_intact_save_a_file_given_as_the_load
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_guard_stops_before_training_when_nothing_is_intact(crashed: Path, tmp_path: Path, layout: str) -> None:
-    from ft_plugins.features.resume import NoIntactCheckpoint
+    from ft_plugins.checkpoint.errors import NoIntactCheckpoint
     from ft_plugins.mindspore.mindformers import choose
 
     broken = tmp_path / "checkpoint"

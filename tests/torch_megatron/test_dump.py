@@ -348,7 +348,7 @@ def test_a_dump_cut_short_beside_a_periodic_save_resumes_from_the_save(tmp_path:
 
 
 def test_a_broken_checkpoint_beside_a_dump_cut_short_still_stops_the_start(tmp_path: Path) -> None:
-    from ft_plugins.features.resume import NoIntactCheckpoint
+    from ft_plugins.checkpoint.errors import NoIntactCheckpoint
 
     for shard in SHARDS:
         _part(tmp_path, shard, 2)
