@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ft_plugins.report.interval import Interval, advise
 from ft_plugins.report.reading import Record
 
 DETECTION, DUMP, RESTART, IN_PLACE = "fault detection", "dump", "restart and reload", "in-place repair"
@@ -56,6 +57,7 @@ class Report:
     other: float
     faults: list[Fault]
     notes: list[str]
+    interval: Interval | None = None  # the save interval the job should use (None: it finished no save)
     spans: list[tuple[float, float, str, Any]] = field(default_factory=list)  # (start, end, label, rank): the plot's
 
     @property
@@ -78,19 +80,26 @@ def analyse(record: Record) -> Report:
     starts = [start for start, _, label, _ in spans if label in (TRAINING, RECOMPUTED)]
     spans.append((begin, min(starts, default=end), STARTUP, None))
     faults = _faults(record, events, steps, spans, end)
+    finished: list[list[dict[str, Any]]] = []  # each process's starts of the saves it finished
+    saves_by_rank: dict[Any, int] = {}
     for process in record.processes:  # a save's end closes the newest start before it (a save cut short has none)
         opened = None
+        finished.append([])
         for event in process.of("save_start", "save_end"):
             if event["ev"] == "save_end" and opened is not None:
-                spans.append((opened, event["t"], SAVES, process.rank))
-            opened = event["t"] if event["ev"] == "save_start" else None
+                spans.append((opened["t"], event["t"], SAVES, process.rank))
+                finished[-1].append(opened)
+            opened = event if event["ev"] == "save_start" else None
+        saves_by_rank[process.rank] = saves_by_rank.get(process.rank, 0) + len(finished[-1])
     totals = _sweep(spans)
     for fault in faults:
         fault.at -= begin
     badput = {label: totals.get(label, 0.0) for label in BADPUT}
     productive = totals.get(TRAINING, 0.0)
     other = max(0.0, end - begin - productive - sum(badput.values()))
-    return Report(record.job, end - begin, productive, badput, other, faults, record.notes,
+    advice = advise(end - begin, badput[SAVES], max(saves_by_rank.values(), default=0), finished,
+                    [stop - start for start, stop, _, _ in steps], sum(1 for fault in faults if fault.steps_recomputed))
+    return Report(record.job, end - begin, productive, badput, other, faults, record.notes, advice,
                   [(start - begin, stop - begin, label, rank) for start, stop, label, rank in spans])
 
 

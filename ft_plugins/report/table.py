@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ft_plugins.report.goodput import BADPUT, Report
+from ft_plugins.report.interval import Interval
 
 
 def _seconds(value: float | None) -> str:
@@ -29,5 +30,27 @@ def render(report: Report) -> str:
                   for row in [header, *rows]]
     else:
         lines.append("faults: none")
+    if report.interval is not None:
+        lines += _interval(report.interval)
     lines += [f"note: {note}" for note in report.notes]
     return "\n".join(lines)
+
+
+def _steps(count: int | None) -> str:
+    return "" if count is None else f" ({count} steps)"
+
+
+def _interval(advice: Interval) -> list[str]:
+    """The save interval's lines: the figures it comes from, the optimum, and the current interval against it."""
+    if advice.at_least:
+        rate = f"no fault sent the job back to a periodic save in {advice.between_faults:.2f} s"
+        optimum = f"at least {advice.optimum:.2f} s{_steps(advice.optimum_steps)} while faults stay that rare"
+    else:
+        rate = f"one fault recomputing steps every {advice.between_faults:.2f} s ({advice.faults})"
+        optimum = f"{advice.optimum:.2f} s{_steps(advice.optimum_steps)}"
+    current = "-" if advice.current is None else f"{advice.current:.2f} s{_steps(advice.current_steps)}"
+    if advice.lost is not None:
+        current += f", {advice.lost:.2f} s lost to it against the optimum in this job"
+    return ["save interval (Young/Daly: the square root of 2 x save cost x time between faults):",
+            f"  each save cost {advice.save_cost:.2f} s ({advice.saves} saves); {rate}",
+            f"  optimum {optimum}; current {current}"]

@@ -214,6 +214,58 @@ def test_a_node_whose_clock_disagrees_is_shifted_onto_the_first_and_said(tmp_pat
     assert analyse(record).wall == near(6.0)
 
 
+def test_the_save_interval_weighs_the_job_s_save_cost_against_its_faults_that_recomputed_steps(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Steps of 1 s, saves of 0.5 s after steps 2 and 4 (2.5 s apart), rank 0 raising after step 6 with no dump, the
+    restart resuming from step 4 at 10 s: steps 5 and 6 trained again, the job ends at 14 s. One save costs 0.5 s, one
+    fault recomputing steps per 14 s: the optimum is the square root of 2 x 0.5 x 14."""
+    write(tmp_path, "rank0", {"rank": 0}, *steps(1, 2, 1.0), {"t": 3.0, "ev": "save_start", "step": 2},
+          {"t": 3.5, "ev": "save_end", "step": 2}, *steps(3, 4, 3.5), {"t": 5.5, "ev": "save_start", "step": 4},
+          {"t": 6.0, "ev": "save_end", "step": 4}, *steps(5, 6, 6.0),
+          {"t": 8.2, "ev": "gasp", "reason": "RuntimeError in step 7", "kind": "exception", "completed": 6})
+    write(tmp_path, "rank0-attempt1", {"rank": 0, "attempt": 1, "at": 9.0},
+          {"t": 9.5, "ev": "resume", "chosen": "ckpt/iter_0000004", "skipped": []}, *steps(5, 8, 10.0),
+          {"t": 14.0, "ev": "end"})
+    report = analyse(read(str(tmp_path)))
+    [fault] = report.faults
+    assert fault.steps_recomputed == 2
+    advice = report.interval
+    assert advice is not None and not advice.at_least
+    assert (advice.saves, advice.faults, advice.current_steps) == (2, 1, 2)
+    assert advice.save_cost == near(0.5) and advice.between_faults == near(14.0) and advice.current == near(2.5)
+    optimum = (2 * 0.5 * 14.0) ** 0.5
+    assert advice.optimum == near(optimum) and advice.optimum_steps == round(optimum)
+
+    def waste(interval: float) -> float:  # saving, and half an interval recomputed per fault
+        return 0.5 / interval + interval / (2 * 14.0)
+
+    assert advice.lost == near(14.0 * (waste(2.5) - waste(optimum)))
+    assert 0 < advice.lost < 1
+    code, out, _ = cli(capsys, str(tmp_path))
+    assert code == 0 and f"optimum {optimum:.2f} s ({round(optimum)} steps); current 2.50 s (2 steps)" in out
+    assert json.loads(cli(capsys, str(tmp_path), "--json")[1])["interval"]["optimum"] == near(optimum)
+
+
+def test_without_a_fault_that_recomputed_steps_the_interval_is_a_lower_bound(tmp_path: Path) -> None:
+    """The in-place repair recomputed nothing: the rate of faults the interval guards against is unknown, and the
+    job's 9 s without one bound it: with one 0.5 s save, the optimum is at least the square root of 2 x 0.5 x 9."""
+    in_place_job(tmp_path)
+    report = analyse(read(str(tmp_path)))
+    advice = report.interval
+    assert advice is not None and advice.at_least and advice.faults == 0 and advice.saves == 1
+    assert advice.optimum == near(3.0) and advice.current is None and advice.lost is None
+    from ft_plugins.report.table import render
+
+    assert "optimum at least 3.00 s (3 steps) while faults stay that rare; current -" in render(report)
+
+
+def test_a_job_that_finished_no_save_has_no_interval_advice(tmp_path: Path) -> None:
+    write(tmp_path, "rank0", {"rank": 0}, {"t": 1.0, "ev": "save_start", "step": 0}, *steps(1, 3, 2.0),
+          {"t": 5.0, "ev": "end"})
+    report = analyse(read(str(tmp_path)))
+    assert report.interval is None and report.badput[SAVES] == 0
+
+
 def cli(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
     code = main(["report", *args])
     out, err = capsys.readouterr()

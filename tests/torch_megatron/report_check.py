@@ -6,6 +6,7 @@ fault to the line of the next step, less one step (the fastest interval between 
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -44,3 +45,11 @@ def check_faults(job: Job, expected: list[tuple[int, str, str, int]]) -> None:
     for fault, (*_, completed) in zip(found["faults"], expected):
         assert_agrees(fault["to_training"], measured(job, completed), fault)
     assert 0 < found["goodput_percent"] < 100
+    interval = found["interval"]  # every fault was met keeping every step: the optimum is the lower bound
+    if job.lines("successfully saved checkpoint"):
+        assert interval["at_least"] and interval["faults"] == 0 and interval["saves"] >= 1, interval
+        assert 0 < interval["save_cost"] < found["wall"], interval
+        young = math.sqrt(2 * interval["save_cost"] * interval["between_faults"])
+        assert math.isclose(interval["optimum"], young), interval
+    else:
+        assert interval is None, interval
