@@ -9,8 +9,9 @@ launcher's pid), the role, the rank, the launcher (its parent), the restart atte
 two jobs in one folder are told apart, and a job launched again is told from its restart attempts.
 
 A rare event (a fault, a save, a recovery phase) is written at once: the process may be killed the next moment.
-Steps are kept in memory and written every :data:`FLUSH_EVERY` seconds, at exit and before
-:func:`ft_plugins.logs.exit_now`: a step costs a clock read and a list append. Never raises into training.
+Steps are kept in memory and written every :data:`FLUSH_EVERY` seconds by a writer thread of the process's own, so a
+slow file system never holds a training step (a step costs a clock read and a deque append), and by the caller at
+exit and before :func:`ft_plugins.logs.exit_now`. Never raises into training.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
+from collections import deque
 from typing import Any, Mapping, Sequence
 
 from ft_plugins.config import EVENTS_JOB_VAR, EVENTS_VAR, RECOVERY_VAR, RESTART_VAR, SELECT_VAR
@@ -101,8 +104,11 @@ class Recorder:
         self.pid, self.rank = os.getpid(), None if role == "launcher" else env_rank(env)
         self.path = os.path.join(folder, f"{socket.gethostname()}-{self.pid}-{role}.jsonl")
         self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        self.steps: list[tuple[int, float, float]] = []  # (step, start, end): made into lines when written
+        self.steps: deque[tuple[int, float, float]] = deque()  # (step, start, end): made into lines when written
         self.flushed = time.time()
+        self.writing = threading.Lock()  # one writer of the steps at a time: the thread, or a flush at exit
+        self.wake = threading.Event()
+        self.writer: threading.Thread | None = None  # started at the first batch
         generation, _, life = env.get(RECOVERY_VAR, "").partition(",")
         run_id = env.get("TORCHELASTIC_RUN_ID", "none")
         job = env.get(EVENTS_JOB_VAR) or (run_id if run_id != "none" else f"pid{os.getppid()}")
@@ -120,18 +126,41 @@ class Recorder:
         now = time.time()
         self.steps.append((step, started, now))
         if now - self.flushed > FLUSH_EVERY:
-            self.flush()
+            self.flushed = now
+            if self.writer is None:
+                self.writer = threading.Thread(target=self._write_batches, name="ft_plugins-events", daemon=True)
+                self.writer.start()
+            self.wake.set()
+
+    def _write_batches(self) -> None:
+        while True:
+            self.wake.wait()
+            self.wake.clear()
+            try:
+                self.flush()
+            except OSError:
+                pass  # an unwritable folder: the job trains on without its record
 
     def flush(self) -> None:
-        lines, self.steps = self.steps, []
-        self.flushed = time.time()
-        if lines:
-            os.write(self.fd, "".join(f'{{"t": {started:.4f}, "ev": "step", "step": {step}, "end": {end:.4f}}}\n'
-                                      for step, started, end in lines).encode())
+        """Write the steps kept; after a batch the writer thread is writing (at most one write's wait)."""
+        with self.writing:
+            lines = [self.steps.popleft() for _ in range(len(self.steps))]
+            if lines:
+                os.write(self.fd, "".join(f'{{"t": {started:.4f}, "ev": "step", "step": {step}, "end": {end:.4f}}}\n'
+                                          for step, started, end in lines).encode())
 
 
 _recorder: Recorder | None = None
 _role = "worker"
+_forked = False  # this process is a forked copy that has not begun its own events yet (its parent's writer is not here)
+
+
+def _after_fork() -> None:
+    global _forked
+    _forked = _recorder is not None
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def start(role: str, beside: str | None = None, since: float | None = None) -> None:
@@ -177,6 +206,10 @@ def emit(event: str, /, **fields: Any) -> None:
 
 def step(number: int, started: float) -> None:
     """Step ``number`` began at ``started`` (``time.time()``) and ends now: kept, written with the next batch."""
+    global _forked
+    if _forked:
+        _forked = False
+        start(_role)
     if _recorder is not None:
         _recorder.step(number, started)
 

@@ -5,7 +5,10 @@ recoveries of test_replicated_dump.py, the dump + restart of test_recover_flags.
 from __future__ import annotations
 
 import json
+import os
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -319,4 +322,65 @@ def test_a_process_keeps_its_steps_in_memory_and_writes_them_at_its_end(tmp_path
     events.emit("fault", rank=1, kind="death")
     events.end(0)
     assert [json.loads(line)["ev"] for line in path.read_text().splitlines()] == ["start", "fault", "step", "end"]
+    monkeypatch.setattr(events, "_recorder", None)
+
+
+def test_steps_are_written_by_the_process_s_writer_thread_never_by_the_training_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each batch of steps goes to disk from the writer thread (a file system answering slowly holds no step); the
+    last steps at the end from the caller, after the batch the thread was writing."""
+    monkeypatch.setenv("FT_PLUGINS_EVENTS_DIR", str(tmp_path))
+    monkeypatch.setattr(events, "_recorder", None)
+    monkeypatch.setattr(events, "FLUSH_EVERY", 0.0)  # a batch at every step
+    writers: list[tuple[str, bytes]] = []
+    real_write = events.os.write
+
+    def slow_write(fd: int, data: bytes) -> int:
+        writers.append((threading.current_thread().name, data))
+        time.sleep(0.05)  # a file system that answers in 50 ms
+        return real_write(fd, data)
+
+    events.start("worker")
+    monkeypatch.setattr(events.os, "write", slow_write)
+    events.step(1, time.time())
+    deadline = time.monotonic() + 30
+    while not any(b'"ev": "step"' in data for _, data in writers) and time.monotonic() < deadline:
+        time.sleep(0.01)  # the thread's first batch, however busy the machine
+    for number in range(2, 6):
+        events.step(number, time.time())
+    events.end(0)
+    monkeypatch.setattr(events.os, "write", real_write)
+    [path] = tmp_path.iterdir()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert sorted(line["step"] for line in lines if line["ev"] == "step") == [1, 2, 3, 4, 5]
+    batches = [name for name, data in writers if b'"ev": "step"' in data]
+    assert batches and batches[0] == "ft_plugins-events", writers
+    assert threading.main_thread().name not in batches[:-1], writers  # at most the end's own flush
+    assert lines[-1]["ev"] == "end"
+    monkeypatch.setattr(events, "_recorder", None)
+
+
+def test_a_forked_copy_writes_its_steps_to_a_file_of_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process forked after its parent began its events (a warm spare from its template) has no writer thread of
+    its parent's: its first step begins its own file, and its steps are written there."""
+    monkeypatch.setenv("FT_PLUGINS_EVENTS_DIR", str(tmp_path))
+    monkeypatch.setattr(events, "_recorder", None)
+    monkeypatch.setattr(events, "FLUSH_EVERY", 0.0)
+    events.start("worker")
+    events.step(1, time.time())
+    child = os.fork()
+    if child == 0:
+        try:
+            for number in (7, 8):
+                events.step(number, time.time())
+            events.end(0)
+        finally:
+            os._exit(0)
+    assert os.waitpid(child, 0)[1] == 0
+    events.end(0)
+    files = {path.name.split("-")[-2]: path for path in tmp_path.iterdir()}
+    assert sorted(files) == sorted([str(os.getpid()), str(child)])
+    steps_of = {pid: sorted(json.loads(line)["step"] for line in path.read_text().splitlines()
+                            if json.loads(line)["ev"] == "step") for pid, path in files.items()}
+    assert steps_of == {str(os.getpid()): [1], str(child): [7, 8]}
     monkeypatch.setattr(events, "_recorder", None)
