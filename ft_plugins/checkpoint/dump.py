@@ -10,8 +10,9 @@ killed mid-write.
 
 Commit (:func:`commit_dump`) = coverage check (every shard of the run has a part, every part is of
 K) + rename to ``iter_{K:07d}`` + commit manifest + atomic tracker update. It is idempotent and
-needs no coordinator: every writer tries it after writing its part, so the last one to finish
-commits, and :func:`complete_pending` finishes an interrupted commit at the next start-up. A dump
+safe from several writers at once, so it needs no coordinator; the caller elects one where it can count its writers
+(the writer of the last part: one committer reads every part's record, instead of each of N writers reading N), and
+:func:`complete_pending` finishes an interrupted commit at the next start-up. A dump
 is never committed over an existing ``iter_{K:07d}`` (a periodic save of K, maybe half-written), and a periodic
 save of K over a committed dump first withdraws its commit (:func:`withdraw`).
 Framework-neutral: the caller supplies the function that writes a shard's file.

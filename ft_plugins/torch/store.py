@@ -43,16 +43,22 @@ def agreed(key: str, mine: str) -> str:
         return ""
 
 
-def claim(key: str) -> bool:
-    """Whether this rank is the writer for ``key``: the first ``store.add`` on torchrun's store (which outlives
-    every worker) wins. Without a reachable store every survivor writes.
+def counted(key: str) -> int | None:
+    """How many callers have counted ``key`` on torchrun's store (which outlives every worker), this one included;
+    None without a reachable store.
 
-    The claim goes to the store under every prefix: each group generation of ``recover`` (and its holding
-    state) prefixes the default group's store differently, so survivors of different generations, claiming
-    through their own prefix, would each have won, and the first to commit the dump took the other's
-    half-written part into it."""
+    The count goes to the store under every prefix: each group generation of ``recover`` (and its holding state)
+    prefixes the default group's store differently, so survivors of different generations, counting through their
+    own prefix, would each have been first, and the first to commit the dump took the other's half-written part
+    into it."""
     try:
-        return int(_root_store().add(key, 1)) == 1
+        return int(_root_store().add(key, 1))
     except Exception as exc:
-        log.debug("ttp: writer claim unavailable (%s: %s); writing anyway", type(exc).__name__, exc)
-        return True
+        log.debug("ttp: no store to count %s on (%s: %s)", key, type(exc).__name__, exc)
+        return None
+
+
+def claim(key: str) -> bool:
+    """Whether this rank is the writer for ``key``: the first to count it wins. Without a reachable store every
+    survivor writes."""
+    return counted(key) in (1, None)

@@ -45,6 +45,9 @@ def test_one_rank_lost_each_shard_dumped_once_and_committed(one_lost: Job, refer
     committed_dump(one_lost, STEP)  # also: exactly one writer of mp_rank_00
     assert len(one_lost.lines(f"mp_rank_01 of iteration {STEP} in")) == 1, "one writer for mp_rank_01"
     assert one_lost.lines(f"rank 3 dumped mp_rank_01 of iteration {STEP}"), "rank 3 is mp_rank_01's only survivor"
+    dumped = one_lost.lines(f"of iteration {STEP} in")  # one committer, the writer of the last part
+    assert sorted(line.split(" ms; ")[1].split(":")[0] for line in dumped) == [
+        "committed", "part 1 of 2 written; the writer of the last one commits"], dumped
     for shard in SHARDS:
         assert same_as_reference(one_lost, reference, STEP, shard=shard) == [], shard
 

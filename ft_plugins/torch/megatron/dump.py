@@ -35,7 +35,7 @@ from ft_plugins.torch import saving
 from ft_plugins.torch.megatron.regroup import real_twins
 from ft_plugins.torch.megatron.state import (RESUMES_TORCH_FORMAT, megatron, megatron_args, rng_state, saved_state,
                                              sharded_optimizers)
-from ft_plugins.torch.store import agreed, claim
+from ft_plugins.torch.store import agreed, claim, counted
 
 log = logging.getLogger("ft_plugins.ttp")
 
@@ -210,7 +210,8 @@ class MegatronDump:
         size = write_part(save_dir, part, writes)
         written = time.monotonic()
         grace.record(save_dir, grace.Measured(size, written - started, f"dump of iteration {iteration}"))
-        status = self.commit(save_dir, iteration) if commit else "committed on MindIO's rename"
+        status = self.commit(save_dir, iteration, counted(f"{attempt}/written"), len(shards)) if commit else \
+            "committed on MindIO's rename"
         log.warning("ttp: %s: rank %d dumped %s of iteration %d in %.0f ms; %s", reason, rank, shard,
                     iteration, (written - started) * 1000, status)
         events.emit("dump", step=iteration, seconds=round(written - started, 4), shard=shard,
@@ -220,7 +221,12 @@ class MegatronDump:
         log.debug("ttp: %s: rank %d's dump is on disk %.0f ms after it began", reason, rank,
                   (time.monotonic() - started) * 1000)
 
-    def commit(self, save_dir: str, iteration: int) -> str:
+    def commit(self, save_dir: str, iteration: int, written: int | None = None, parts: int = 1) -> str:
+        """The commit by the writer of the last of the dump's ``parts`` (``written``: its place among the writers
+        counted on the store; None: no store, every writer tries): one committer reads every part's record, not
+        every writer each (a dump of N shards had N writers each reading N records)."""
+        if written is not None and written < parts:
+            return f"part {written} of {parts} written; the writer of the last one commits"
         outcome = commit_dump(save_dir, iteration, durable=False)
         self.feature.saves.append(outcome.path)
         status = "committed" if outcome.committed else f"not committed yet ({'; '.join(outcome.reasons)})"
