@@ -10,9 +10,16 @@ generation; the workers (:mod:`ft_plugins.torch.megatron.recover`) meet in it. E
 | ``g<G>/lost`` | launcher | the global rank replaced in generation G |
 | ``g<G>/abandoned`` | launcher or a worker | why generation G cannot recover (the dump follows) |
 | ``g<G>/state/<rank>`` | each survivor | where it stands: steps completed, consumed samples, floating point ops |
+| ``g<G>/published`` | each survivor (``add``) | survivors whose standing is there |
+| ``g<G>/standings`` | the last survivor to publish | every survivor's standing is there (the replacement reads them) |
 | ``g<G>/joined`` | the replacement | it is ready to rebuild the groups with the survivors |
 | ``g<G>/done`` | every rank (``add``) | ranks that finished generation G's repair |
 | ``trained/<rank>`` | each worker | its training loop returned: a failure after it (at exit) is not repaired |
+
+A rank waits for a key in one request the store holds until the key is set (never a poll): whoever abandons a
+generation (:func:`abandon`) also sets every key a rank may be waiting on that is not set yet, so no waiter sleeps
+through it; each checks ``abandoned`` once woken. Survivors exchange their standings in one collective of the
+rebuilt groups, not through the store.
 
 ``FT_PLUGINS_RECOVERY`` tells a worker that a launcher replaces lost workers (``0,0``), or, in a
 replacement, its generation and which life of its rank it is (``<generation>,<life>``).
@@ -92,6 +99,18 @@ def worker_namespace(env: Mapping[str, str]) -> str:
 
 def key(generation: int, name: str) -> str:
     return f"g{generation}/{name}"
+
+
+STANDINGS = "standings"
+WAITED = ("lost", "joined", STANDINGS)  # the keys of a generation that a rank waits on
+
+
+def abandon(store: Any, generation: int, reason: str) -> None:
+    """Give ``generation`` up: ``abandoned`` (the reason every waiter reads), then every key a rank may be waiting
+    on, where not set yet, so that each waiter wakes and reads it."""
+    store.set(key(generation, "abandoned"), reason)
+    for name in WAITED:
+        store.compare_set(key(generation, name), "", "abandoned")
 
 
 def trained(rank: int) -> str:

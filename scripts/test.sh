@@ -14,6 +14,7 @@ FAST=(
   tests/checkpoint/test_core.py tests/checkpoint/test_hostile.py tests/checkpoint/test_fuzz.py
   tests/torch_megatron/test_dump.py tests/torch_megatron/test_engine_choice.py tests/torch_megatron/test_regroup.py
   tests/torch_megatron/test_failure_kind.py tests/torch_megatron/test_enable_disable.py
+  tests/torch_megatron/test_recover_store.py
   tests/torch_megatron/test_megatron_releases.py
   tests/hf/test_rng.py tests/hf/test_rng_files.py tests/mindspore/test_step_hook.py tests/checkpoint/test_verdicts.py
   tests/launch/test_k8s.py tests/launch/test_k8s_fuzz.py tests/launch/test_doctor.py tests/launch/test_manager_env.py

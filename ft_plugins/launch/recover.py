@@ -39,7 +39,7 @@ from ft_plugins.launch.environment import launcher_options, torchrun_option
 from ft_plugins.launch.leftovers import PROCESSES, end_group
 from ft_plugins.launch.process import adopt_orphans, reap_adopted
 from ft_plugins.launch.spare import EXIT, OFF, READY, TOOK, Lines
-from ft_plugins.recovery import REFUSED, key, namespace, replacement_value, trained
+from ft_plugins.recovery import REFUSED, abandon, key, namespace, replacement_value, trained
 from ft_plugins.vendors.versions import TORCH_RECOVER
 
 log = logging.getLogger("ft_plugins.recover")
@@ -286,7 +286,7 @@ class Supervisor:
             log.warning("recover: rank %d exited with code %d and is not replaced: %s; torchrun's own handling "
                         "follows (ttp's dump, whole-job restart)", rank, code, why)
             if self.store is not None and self.generation:
-                self.store.set(key(self.generation, "abandoned"), f"rank {rank} lost too ({why})")
+                abandon(self.store, self.generation, f"rank {rank} lost too ({why})")
             return
         self.generation = self.store.add("generation", 1)
         life = self.lives[local_rank] = self.lives.get(local_rank, 0) + 1

@@ -58,6 +58,11 @@ class Store:
     def check(self, names: list[str]) -> bool:
         return all(name in self.values for name in names)
 
+    def compare_set(self, name: str, expected: str, desired: str) -> Any:
+        if self.values.get(name, "") == expected:
+            self.values[name] = desired
+        return self.values[name]
+
 
 @pytest.fixture
 def ranks(tmp_path: Path) -> Iterator[Path]:

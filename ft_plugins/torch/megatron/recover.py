@@ -44,8 +44,8 @@ from ft_plugins import events, faults, progress
 from ft_plugins.features.recover import Recover
 from ft_plugins.patching import Patch
 from ft_plugins.rank import global_rank, is_rank_zero
-from ft_plugins.recovery import (LOG, REFUSED, SAVE as SAVING, STEP, Standing, key, mark_trained, plan,
-                                 replacement, resume_collection, resumption, supervised, worker_namespace)
+from ft_plugins.recovery import (LOG, REFUSED, SAVE as SAVING, STANDINGS, STEP, Standing, abandon, key, mark_trained,
+                                 plan, replacement, resume_collection, resumption, supervised, worker_namespace)
 from ft_plugins.steps import FORWARD, IDLE, UPDATED
 from ft_plugins.torch.megatron import loop
 from ft_plugins.torch.megatron.handover import (Batches, Chunks, apply, kept, receive, send, set_rng, state_at,
@@ -57,7 +57,6 @@ from ft_plugins.triggers import EXIT_ON_ERROR
 
 log = logging.getLogger("ft_plugins.recover")
 
-POLL = 0.02  # seconds between looks at the store while waiting
 # after a repair: run the step again, count it as done by a peer (then log it), or run the save of K again
 REPEAT, BEHIND, SAVE = "repeat", "behind", "save"
 OUTCOME = {STEP: REPEAT, LOG: BEHIND, SAVING: SAVE}
@@ -80,6 +79,7 @@ class MegatronRecovery:
         self.joined = place is None
         self.regroup.fake = place is not None  # a replacement holds its collectives until it joined
         self.store: Any = None
+        self.waits: Any = None  # the connection the waits hold (:meth:`_waiting_store`)
         self.objects: tuple[Any, Any, Any] | None = None  # model, optimizer, scheduler
         self.batches: Batches | Chunks | None = None
         self.loop: tuple[Any, Any] = (None, None)  # train()'s checkpointing context and data iterator
@@ -221,9 +221,11 @@ class MegatronRecovery:
                 store = self._store()
                 require_successors(self.regroup.hold(rank, world, _holding_store(store), megatron_roots(self.objects)),
                                    Fallback)
-                self._await(generation, "lost", "the launcher's announcement of a replacement")
+                self._await(generation, ["lost"], "the launcher's announcement of a replacement")
                 store.set(key(generation, f"state/{rank}"), standing.encode())
-                self._await(generation, "joined", "the replacement")
+                if store.add(key(generation, "published"), 1) == world - 1:  # the last survivor's word
+                    store.set(key(generation, STANDINGS), "ready")
+                self._await(generation, ["joined"], "the replacement")
             self.generation = generation
             return self._repair((standing, snapshot), started)
         except Exception as exc:  # Fallback, or a second fault while repairing
@@ -247,9 +249,13 @@ class MegatronRecovery:
                 require_successors(self.regroup.join(rank, world, PrefixStore(key(generation, "world/"), store),
                                                        megatron_roots(self.objects)), Fallback)
                 self.joined = True
-                standings = self._standings(generation, world)
-                holds: list[Any] = [None] * world
-                dist.all_gather_object(holds, what_this_rank_holds(self.objects[1]))
+                # each rank's standing and holding in one collective of the rebuilt groups, not N reads of the
+                # store by each of N ranks (the replacement has no standing: it is behind every survivor)
+                gathered: list[Any] = [None] * world
+                dist.all_gather_object(gathered, (None if mine is None else mine[0].encode(),
+                                                  what_this_rank_holds(self.objects[1])))
+                standings = {peer: Standing.decode(raw) for peer, (raw, _) in enumerate(gathered) if raw is not None}
+                holds = [held for _, held in gathered]
                 kinds = sorted(set(holds))
                 groups = [[r for r in range(world) if holds[r] == held] for held in kinds]
                 decided = plan(standings, groups)
@@ -322,7 +328,6 @@ class MegatronRecovery:
         megatron_args = megatron("training.global_vars").get_args()
         world = int(os.environ["WORLD_SIZE"])
         try:
-            self._await(self.generation, "lost", "the launcher's announcement")
             standings = self._standings(self.generation, world)
         except Fallback as exc:
             log.error("recover: replacement of rank %s cannot join: %s", os.environ.get("RANK"), exc)
@@ -364,7 +369,7 @@ class MegatronRecovery:
 
         log.error("recover: generation %d cannot recover: %s; falling back to ttp's dump", generation, reason)
         try:
-            self._store().set(key(generation, "abandoned"), reason)
+            abandon(self._store(), generation, reason)
             if not self.regroup.holding():
                 self.regroup.hold(dist.get_rank(), dist.get_world_size(), _holding_store(self._store()),
                                    megatron_roots(self.objects))
@@ -399,14 +404,24 @@ class MegatronRecovery:
 
     def _store(self) -> Any:
         if self.store is None:
-            from torch.distributed import PrefixStore, TCPStore
-
-            if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-                raise Fallback("the workers' store is not torchrun's agent store (it would die with rank 0)")
-            client = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                              timeout=timedelta(seconds=self.timeout))
-            self.store = PrefixStore(worker_namespace(os.environ), client)
+            self.store = self._connect()
         return self.store
+
+    def _waiting_store(self) -> Any:
+        """A connection of its own for the waits the store holds: one waiting holds its connection, and the holding
+        groups, which a dump on SIGTERM meets in meanwhile, talk through :meth:`_store`'s."""
+        if self.waits is None:
+            self.waits = self._connect()
+        return self.waits
+
+    def _connect(self) -> Any:
+        from torch.distributed import PrefixStore, TCPStore
+
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+            raise Fallback("the workers' store is not torchrun's agent store (it would die with rank 0)")
+        client = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=timedelta(seconds=self.timeout))
+        return PrefixStore(worker_namespace(os.environ), client)
 
     def _publish_refusal(self) -> None:
         """Tell the launcher before any failure, so that it leaves a lost rank to torchrun's own handling instead
@@ -416,22 +431,34 @@ class MegatronRecovery:
         except Exception as exc:  # no agent store: the launcher refuses by itself then
             log.debug("recover: refusal not published: %s: %s", type(exc).__name__, exc)
 
-    def _await(self, generation: int, name: str, what: str) -> bytes:
-        store, deadline = self._store(), time.monotonic() + self.timeout
-        while True:
-            if store.check([key(generation, "abandoned")]):
-                raise Fallback(store.get(key(generation, "abandoned")).decode())
-            if store.check([key(generation, name)]):
-                return store.get(key(generation, name))
-            if time.monotonic() > deadline:
-                raise Fallback(f"{what} did not come within {self.timeout:.0f} s")
-            time.sleep(POLL)
+    def _await(self, generation: int, names: list[str], what: str) -> list[bytes]:
+        """The values of the generation's keys ``names`` once every one is set, within the bound, or Fallback with
+        why. One wait the store holds until they are there (an abandonment sets every key waited on:
+        :func:`ft_plugins.recovery.abandon`), then one read: a few requests from each rank, never a poll."""
+        store, abandoned = self._waiting_store(), key(generation, "abandoned")
+        wanted = [key(generation, name) for name in names]
+        began = time.monotonic()
+        try:
+            store.wait(wanted, timedelta(seconds=self.timeout))
+        except Exception as exc:  # the bound ran out, or the store failed
+            if store.check([abandoned]):
+                raise Fallback(store.get(abandoned).decode()) from None
+            if time.monotonic() - began < 0.9 * self.timeout:  # failed well before the bound: not a timeout
+                raise Fallback(f"waiting for {what}, the store failed: {type(exc).__name__}: {exc}") from None
+            raise Fallback(f"{what} did not come within {self.timeout:.0f} s") from None
+        if store.check([abandoned]):
+            raise Fallback(store.get(abandoned).decode())
+        multi_get = getattr(store, "multi_get", None)  # one request for them all (torch 2.4 on)
+        return list(multi_get(wanted)) if multi_get is not None else [store.get(name) for name in wanted]
 
     def _standings(self, generation: int, world: int) -> dict[int, Standing]:
-        """Every survivor's standing (all ranks but the one replaced), waiting for them within the bound."""
-        lost = int(self._await(generation, "lost", "the launcher's announcement"))
-        return {rank: Standing.decode(self._await(generation, f"state/{rank}", f"rank {rank}'s standing"))
-                for rank in range(world) if rank != lost}
+        """Every survivor's standing (all ranks but the one replaced), for the replacement before it trains: one
+        wait for the last survivor's word that all are there, and one read."""
+        lost = int(self._await(generation, ["lost"], "the launcher's announcement")[0])
+        self._await(generation, [STANDINGS], "the survivors' standings")
+        survivors = [rank for rank in range(world) if rank != lost]
+        raw = self._await(generation, [f"state/{rank}" for rank in survivors], "the survivors' standings")
+        return {rank: Standing.decode(value) for rank, value in zip(survivors, raw)}
 
 
 def _holding_store(store: Any) -> Any:

@@ -1,0 +1,101 @@
+"""``recover``'s waits on torchrun's store, on a real TCPStore: a bounded number of requests from each rank whatever
+the world's size (no poll, no read per peer), and no waiter sleeping through an abandoned generation. The repair's
+exchange between ranks runs in every real recovery of tests/torch_megatron (test_recover.py and the others)."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Any, Iterator
+
+import pytest
+from torch.distributed import PrefixStore, TCPStore
+
+from ft_plugins.recovery import STANDINGS, Standing, abandon, key
+from ft_plugins.torch.megatron.recover import Fallback, MegatronRecovery
+
+WORLD = 1024
+
+
+class Counting:
+    """A store that counts the requests made through it."""
+
+    def __init__(self, store: Any) -> None:
+        self.store, self.requests = store, 0
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.store, name)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.requests += 1
+            return method(*args, **kwargs)
+
+        return counted
+
+
+@pytest.fixture
+def server() -> Iterator[TCPStore]:
+    yield TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+
+
+def _client(server: TCPStore) -> PrefixStore:
+    """A process's connection to torchrun's store, in a job's namespace."""
+    return PrefixStore("ft_plugins/recover/test/0/",
+                       TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=60)))
+
+
+@pytest.fixture
+def store(server: TCPStore) -> PrefixStore:
+    return _client(server)
+
+
+def _rank(store: Any, timeout: float = 60.0) -> MegatronRecovery:
+    """The recovery glue of one rank, as far as its store waits go (its waits through ``store``)."""
+    recovery = MegatronRecovery.__new__(MegatronRecovery)
+    recovery.store, recovery.waits, recovery.timeout = None, store, timeout
+    return recovery
+
+
+def test_the_replacement_reads_every_survivor_s_standing_in_a_few_requests_whatever_the_world(store: Any) -> None:
+    lost = 5
+    for rank in range(WORLD):
+        if rank != lost:
+            store.set(key(1, f"state/{rank}"), Standing(7, 8, rank, 1.0).encode())
+    store.set(key(1, "lost"), str(lost))
+    store.set(key(1, STANDINGS), "ready")
+    counting = Counting(store)
+    standings = _rank(counting)._standings(1, WORLD)
+    assert sorted(standings) == [rank for rank in range(WORLD) if rank != lost]
+    assert standings[WORLD - 1] == Standing(7, 8, WORLD - 1, 1.0)
+    assert counting.requests <= 9, counting.requests  # three waits, each: wait, a look for abandonment, one read
+
+
+def test_a_waiter_wakes_when_its_generation_is_abandoned_and_reads_why(server: TCPStore, store: Any) -> None:
+    """A survivor waits for the replacement; the launcher (another process: another connection) gives it up."""
+    outcome: list[str] = []
+
+    def survivor() -> None:
+        try:
+            _rank(_client(server))._await(2, ["joined"], "the replacement")
+        except Fallback as exc:
+            outcome.append(str(exc))
+
+    waiting = threading.Thread(target=survivor)
+    waiting.start()
+    abandon(store, 2, "rank 3 lost too (the replacement exited)")
+    waiting.join(120)
+    assert outcome == ["rank 3 lost too (the replacement exited)"]  # not the 60 s bound's "did not come"
+    assert store.get(key(2, "lost")) == b"abandoned"  # every key waited on, where not set
+
+
+def test_an_abandonment_leaves_a_key_already_set_as_it_was(store: Any) -> None:
+    store.set(key(3, "lost"), "1")
+    abandon(store, 3, "an exception in rank 0")
+    assert store.get(key(3, "lost")) == b"1"
+    with pytest.raises(Fallback, match="an exception in rank 0"):
+        _rank(store)._await(3, ["lost"], "the launcher's announcement")
+
+
+def test_a_key_that_never_comes_ends_the_wait_at_the_bound_saying_what_was_awaited(store: Any) -> None:
+    with pytest.raises(Fallback, match="the replacement did not come within 1 s"):
+        _rank(store, timeout=1.0)._await(4, ["joined"], "the replacement")
