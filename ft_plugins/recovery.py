@@ -30,6 +30,8 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import time
+from datetime import timedelta
 from typing import Any, Callable, Mapping, NamedTuple
 
 from ft_plugins.config import RECOVERY_VAR, RESTART_VAR
@@ -105,12 +107,46 @@ STANDINGS = "standings"
 WAITED = ("lost", "joined", STANDINGS)  # the keys of a generation that a rank waits on
 
 
+class Fallback(RuntimeError):
+    """Recovery cannot work; the message says why."""
+
+
 def abandon(store: Any, generation: int, reason: str) -> None:
     """Give ``generation`` up: ``abandoned`` (the reason every waiter reads), then every key a rank may be waiting
     on, where not set yet, so that each waiter wakes and reads it."""
     store.set(key(generation, "abandoned"), reason)
     for name in WAITED:
         store.compare_set(key(generation, name), "", "abandoned")
+
+
+def await_keys(store: Any, generation: int, names: list[str], what: str, timeout: float) -> list[bytes]:
+    """The values of the generation's keys ``names`` once every one is set, within ``timeout`` seconds, or Fallback
+    with why. One wait the store holds until they are there (an abandonment sets every key waited on), then one
+    read: a few requests from each rank, never a poll. ``store``: a connection no other thread uses meanwhile."""
+    abandoned, wanted = key(generation, "abandoned"), [key(generation, name) for name in names]
+    began = time.monotonic()
+    try:
+        store.wait(wanted, timedelta(seconds=timeout))
+    except Exception as exc:  # the bound ran out, or the store failed
+        if store.check([abandoned]):
+            raise Fallback(store.get(abandoned).decode()) from None
+        if time.monotonic() - began < 0.9 * timeout:  # failed well before the bound: not a timeout
+            raise Fallback(f"waiting for {what}, the store failed: {type(exc).__name__}: {exc}") from None
+        raise Fallback(f"{what} did not come within {timeout:.0f} s") from None
+    if store.check([abandoned]):
+        raise Fallback(store.get(abandoned).decode())
+    multi_get = getattr(store, "multi_get", None)  # one request for them all (torch 2.4 on)
+    return list(multi_get(wanted)) if multi_get is not None else [store.get(name) for name in wanted]
+
+
+def standings(store: Any, generation: int, world: int, timeout: float) -> dict[int, Standing]:
+    """Every survivor's standing (all ranks but the one replaced), for the replacement before it trains: one wait for
+    the last survivor's word that all are there, and one read."""
+    lost = int(await_keys(store, generation, ["lost"], "the launcher's announcement", timeout)[0])
+    await_keys(store, generation, [STANDINGS], "the survivors' standings", timeout)
+    survivors = [rank for rank in range(world) if rank != lost]
+    raw = await_keys(store, generation, [f"state/{rank}" for rank in survivors], "the survivors' standings", timeout)
+    return {rank: Standing.decode(value) for rank, value in zip(survivors, raw)}
 
 
 def trained(rank: int) -> str:

@@ -44,8 +44,9 @@ from ft_plugins import events, faults, progress
 from ft_plugins.features.recover import Recover
 from ft_plugins.patching import Patch
 from ft_plugins.rank import global_rank, is_rank_zero
-from ft_plugins.recovery import (LOG, REFUSED, SAVE as SAVING, STANDINGS, STEP, Standing, abandon, key, mark_trained,
-                                 plan, replacement, resume_collection, resumption, supervised, worker_namespace)
+from ft_plugins.recovery import (LOG, REFUSED, SAVE as SAVING, STANDINGS, STEP, Fallback, Standing, abandon, await_keys,
+                                 key, mark_trained, plan, replacement, resume_collection, resumption, standings,
+                                 supervised, worker_namespace)
 from ft_plugins.steps import FORWARD, IDLE, UPDATED
 from ft_plugins.torch.megatron import loop
 from ft_plugins.torch.megatron.handover import (Batches, Chunks, apply, kept, receive, send, set_rng, state_at,
@@ -60,10 +61,6 @@ log = logging.getLogger("ft_plugins.recover")
 # after a repair: run the step again, count it as done by a peer (then log it), or run the save of K again
 REPEAT, BEHIND, SAVE = "repeat", "behind", "save"
 OUTCOME = {STEP: REPEAT, LOG: BEHIND, SAVING: SAVE}
-
-
-class Fallback(RuntimeError):
-    """Recovery cannot work; the message says why."""
 
 
 class MegatronRecovery:
@@ -432,33 +429,10 @@ class MegatronRecovery:
             log.debug("recover: refusal not published: %s: %s", type(exc).__name__, exc)
 
     def _await(self, generation: int, names: list[str], what: str) -> list[bytes]:
-        """The values of the generation's keys ``names`` once every one is set, within the bound, or Fallback with
-        why. One wait the store holds until they are there (an abandonment sets every key waited on:
-        :func:`ft_plugins.recovery.abandon`), then one read: a few requests from each rank, never a poll."""
-        store, abandoned = self._waiting_store(), key(generation, "abandoned")
-        wanted = [key(generation, name) for name in names]
-        began = time.monotonic()
-        try:
-            store.wait(wanted, timedelta(seconds=self.timeout))
-        except Exception as exc:  # the bound ran out, or the store failed
-            if store.check([abandoned]):
-                raise Fallback(store.get(abandoned).decode()) from None
-            if time.monotonic() - began < 0.9 * self.timeout:  # failed well before the bound: not a timeout
-                raise Fallback(f"waiting for {what}, the store failed: {type(exc).__name__}: {exc}") from None
-            raise Fallback(f"{what} did not come within {self.timeout:.0f} s") from None
-        if store.check([abandoned]):
-            raise Fallback(store.get(abandoned).decode())
-        multi_get = getattr(store, "multi_get", None)  # one request for them all (torch 2.4 on)
-        return list(multi_get(wanted)) if multi_get is not None else [store.get(name) for name in wanted]
+        return await_keys(self._waiting_store(), generation, names, what, self.timeout)
 
     def _standings(self, generation: int, world: int) -> dict[int, Standing]:
-        """Every survivor's standing (all ranks but the one replaced), for the replacement before it trains: one
-        wait for the last survivor's word that all are there, and one read."""
-        lost = int(self._await(generation, ["lost"], "the launcher's announcement")[0])
-        self._await(generation, [STANDINGS], "the survivors' standings")
-        survivors = [rank for rank in range(world) if rank != lost]
-        raw = self._await(generation, [f"state/{rank}" for rank in survivors], "the survivors' standings")
-        return {rank: Standing.decode(value) for rank, value in zip(survivors, raw)}
+        return standings(self._waiting_store(), generation, world, self.timeout)
 
 
 def _holding_store(store: Any) -> Any:
