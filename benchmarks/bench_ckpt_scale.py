@@ -17,7 +17,8 @@ interpreter lock, so operations of several threads overlap as a metadata server'
   first       newest intact, its verdict written at commit (the first start after a save, and every later one)
   truncated   newest holds one truncated rank file (damaged after its commit), the one before intact
   truncated, unjudged   the same without any verdict recorded
-And ``ft-plugins ckpt latest DIR`` as a whole process (interpreter start included, 0 ms). Figures are
+And ``ft-plugins ckpt latest DIR`` as a whole process (interpreter start included, 0 ms); and what follows each save
+(``commit``: its manifest written, and the largest writer's bytes the grace learns), at 0 ms and at --delay. Figures are
 medians of --runs child processes (wall time, and the CPU time of the check's process and of the processes it
 waited for: a large ``.metadata`` is walked in one of its own; its stdin, stdout and /dev/null are not
 metadata operations of the checkpoint's file system, though the open of /dev/null is counted), printed with their
@@ -199,7 +200,10 @@ class _Listing:
         self._entries, self._counter = entries, counter
 
     def __iter__(self):
-        return (_Entry(entry, self._counter) for entry in self._entries)
+        return self
+
+    def __next__(self) -> _Entry:  # os.walk takes the entries one at a time
+        return _Entry(next(self._entries), self._counter)
 
     def __enter__(self):
         return self
@@ -239,6 +243,13 @@ def child(directory: str, delay_ms: float, what: str) -> None:
     start, cpu = time.perf_counter(), _cpu_seconds()
     if what == "tracker":
         chosen = str(read_tracker(directory).value)
+    elif what == "commit":  # what follows each save: its commit's manifest, and the largest writer's bytes (grace)
+        from ft_plugins.checkpoint.manifest import MANIFEST, write_manifest
+        from ft_plugins.grace import largest_writer
+
+        newest = os.path.join(directory, f"iter_{read_tracker(directory).value:07d}")
+        chosen = write_manifest(newest, name=MANIFEST + ".bench")  # beside the save's own, read by nothing
+        largest_writer(newest)
     else:
         chosen = find_latest(directory).path
     seconds, cpu = time.perf_counter() - start, _cpu_seconds() - cpu
@@ -319,6 +330,13 @@ def measure(root: Path, form: str, ranks: int, options: argparse.Namespace, old:
             print(line, flush=True)
         whole = process_seconds(root, options.runs, before)
         print(f"{label:<34} {scenario:<9} whole process, 0 ms/op: {whole:.3f} s", flush=True)
+    for delay in (0, options.delay):
+        report = median_run(options.runs, root, delay, "commit", None)
+        line = f"{label:<34} {'commit':<9} {delay:>3} ms/op: {report['seconds']:7.3f} s ({ops_text(report)})"
+        if old is not None:
+            then = median_run(options.baseline_runs, root, delay, "commit", old)
+            line += f"; before {options.baseline_ref}: {then['seconds']:7.3f} s"
+        print(line, flush=True)
     for code in ("now", "before") if old is not None else ("now",):
         print(f"{label:<34} {code:<9} newest truncated / newest intact: " + "; ".join(
             f"{judged} at {delay:g} ms/op {seconds[code, damaged, delay] / seconds[code, intact, delay]:.2f}x"

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Mapping, Sequence
 
 from ft_plugins.checkpoint.atomic import atomic_file
+from ft_plugins.checkpoint.parallel import each
 from ft_plugins.config import GRACE_FOLLOWS_VAR, GRACE_MAX, GRACE_MAX_VAR, GRACE_VAR, ConfigError, grace_max
 from ft_plugins.events import option
 
@@ -111,22 +112,21 @@ def recorded(save_dir: str) -> list[Measured]:
 def largest_writer(checkpoint: str) -> int:
     """The bytes the largest writer of a Megatron checkpoint directory wrote: one ``mp_rank_*`` directory
     (``torch`` format), else the largest file (``torch_dist``: one ``.distcp`` file per writer)."""
-    sizes = []
     try:
         with os.scandir(checkpoint) as entries:
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    sizes.append(sum(_sizes(entry.path)))
-                elif entry.is_file(follow_symlinks=False):
-                    sizes.append(entry.stat().st_size)
+            found = list(entries)
+        # each file's stat side by side where the file system makes it wait (torch_dist: a file per writer)
+        return max(each(_size, found), default=0)
     except OSError:
         return 0
-    return max(sizes, default=0)
 
 
-def _sizes(directory: str) -> list[int]:
-    with os.scandir(directory) as entries:
-        return [entry.stat().st_size for entry in entries if entry.is_file(follow_symlinks=False)]
+def _size(entry: os.DirEntry) -> int:
+    """A file's bytes, or a ``mp_rank_*`` directory's files' together (0: anything else)."""
+    if entry.is_dir(follow_symlinks=False):
+        with os.scandir(entry.path) as inside:
+            return sum(file.stat().st_size for file in inside if file.is_file(follow_symlinks=False))
+    return entry.stat().st_size if entry.is_file(follow_symlinks=False) else 0
 
 
 def estimate(state_bytes: int, speed: float, fixed: float = FIXED) -> float:

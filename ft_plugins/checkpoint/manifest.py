@@ -89,17 +89,20 @@ def write_manifest(checkpoint_dir: str, files: Iterable[str] | None = None, *, n
     """
     base = os.fspath(checkpoint_dir)
     relative = sorted(files) if files is not None else _all_files(base)
-    entries: dict[str, dict[str, Any]] = {}
-    for rel in relative:
+
+    def entry(rel: str) -> dict[str, Any]:
         path = os.path.join(base, rel)
         try:
             size = os.path.getsize(path)
         except OSError as exc:
             raise ManifestError(f"cannot commit {base}: {rel} is not readable ({exc})") from None
-        entry: dict[str, Any] = {"size": size, "sample": sample_digest(path, size)}
+        found: dict[str, Any] = {"size": size, "sample": sample_digest(path, size)}
         if full:
-            entry["sha256"] = full_digest(path)
-        entries[rel] = entry
+            found["sha256"] = full_digest(path)
+        return found
+
+    # side by side where the file system makes each file wait (a torch_dist save holds a file per rank)
+    entries = dict(zip(relative, each(entry, relative)))
     if not entries:
         raise ManifestError(f"cannot commit {base}: it holds no files")
     target = os.path.join(base, name)
