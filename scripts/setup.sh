@@ -6,13 +6,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3.11}"
 VENV=.venv
-# gcc: the launcher tests build stub shared libraries, and TaskD's libtaskd.so is built with cgo
-if ! command -v gcc >/dev/null; then
+# gcc: the launcher tests build stub shared libraries, and TaskD's libtaskd.so is built with cgo; g++: megatron-core
+# 0.19's dataset helpers for this interpreter (below)
+if ! command -v gcc >/dev/null || ! command -v g++ >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "installing gcc (apt-get)..."
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc >/dev/null
+    echo "installing gcc and g++ (apt-get)..."
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc g++ >/dev/null
   else
-    echo "setup.sh: gcc is needed (launcher tests, TaskD's libtaskd.so): install it, e.g. apt-get install gcc" >&2
+    echo "setup.sh: gcc and g++ are needed (launcher tests, TaskD's libtaskd.so, megatron-core's dataset helpers):" \
+      "install them, e.g. apt-get install gcc g++" >&2
     exit 1
   fi
 fi
@@ -52,6 +54,16 @@ if [ "$(cat "$NEWER_MEGATRON/.installed" 2>/dev/null)" != "$NEWER_MEGATRON_PIN" 
   echo "installed $NEWER_MEGATRON_PIN + triton in $NEWER_MEGATRON: $((SECONDS - started)) s," \
     "$(du -sh "$NEWER_MEGATRON" | cut -f1)"
 fi
+# Megatron-LM's own pretrain_gpt.py with --mock-data indexes its samples with megatron/core/datasets/helpers_cpp,
+# which the wheel holds built for Python 3.12 only: built for this interpreter, once.
+helpers="$NEWER_MEGATRON/megatron/core/datasets"
+suffix="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"
+if [ ! -f "$helpers/helpers_cpp$suffix" ]; then
+  # shellcheck disable=SC2046  # pybind11's include flags, one word each
+  g++ -O1 -shared -std=c++17 -fPIC $("$VENV/bin/python" -m pybind11 --includes) "$helpers/helpers.cpp" \
+    -o "$helpers/helpers_cpp$suffix"
+  echo "built $helpers/helpers_cpp$suffix"
+fi
 # install_beside DIR PIP_ARGS...: a newer release installed into DIR beside the pinned one, never on sys.path
 # unless a test puts it there, its dependencies the pinned environment's (--no-deps); again only when what it is
 # installed from changed (the arguments, or the requirements file's content), which DIR's marker holds.
@@ -90,6 +102,25 @@ install_beside "$VENV/mindformers-1.6" mindformers==1.6.0
 # came with Megatron-LM's source then); tests/torch_megatron/test_megatron_names.py checks the names the glue reaches
 # in megatron.core against it. It imports pkg_resources, which setuptools 81 dropped.
 install_beside "$VENV/megatron-core-0.8" megatron-core==0.8.0 setuptools==80.9.0
+# The release MindSpeed-LLM 26.0 builds on, megatron/core only too (tests/torch_megatron/test_megatron_lm_refs.py).
+install_beside "$VENV/megatron-core-0.12" megatron-core==0.12.1 setuptools==80.9.0
+# Megatron-LM's training side (pretrain_gpt.py, megatron/training) at four refs, vendored beside the repository as
+# `git archive` tarballs: each unpacked into .venv/megatron-lm-<ref>/ (the archive's own top folder), laid over the
+# megatron-core wheel of its release by tests/torch_megatron/test_megatron_lm_refs.py; again only when the archive
+# changed (its sha256 in the folder's marker).
+MEGATRON_LM_VENDOR="${FT_PLUGINS_MEGATRON_LM_VENDOR:-../shared/vendor/megatron-lm}"
+for archive in "$MEGATRON_LM_VENDOR"/megatron-lm-*.tar.gz; do
+  [ -f "$archive" ] || { echo "setup.sh: no Megatron-LM archive in $MEGATRON_LM_VENDOR" >&2; exit 1; }
+  side="$VENV/$(basename "$archive" .tar.gz)"
+  want="$(sha256sum < "$archive" | cut -d' ' -f1)"
+  if [ "$(cat "$side/.unpacked" 2>/dev/null)" != "$want" ]; then
+    rm -rf "$side"
+    tar -xzf "$archive" -C "$VENV"  # one folder, megatron-lm-<ref>/, the archive's name without .tar.gz
+    [ -d "$side" ] || { echo "setup.sh: $archive did not unpack into $side" >&2; exit 1; }
+    echo "$want" > "$side/.unpacked"
+    echo "unpacked $(basename "$archive") into $side"
+  fi
+done
 # The real MindCluster TaskD (its Python package and libtaskd.so), built offline from the vendored source
 # beside the repository; rebuilt only when that tarball or its build script changes. Never on sys.path:
 # under FT_PLUGINS=auto an importable taskd switches the taskd feature on everywhere, so only the tests

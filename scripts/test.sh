@@ -25,6 +25,7 @@ FAST=(
 NEWEST=(
   tests/hf/test_transformers_5.py tests/hf/test_transformers_5_first.py tests/hf/test_transformers_oldest.py
   tests/torch_megatron/test_megatron_newer_dump.py tests/torch_megatron/test_megatron_newest_suite.py
+  tests/torch_megatron/test_megatron_lm_refs.py
   tests/checkpoint/test_megatron_newer.py
   tests/mindspore/test_mindspore_newer.py tests/mindspore/test_mindformers_releases.py
 )

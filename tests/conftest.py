@@ -31,7 +31,7 @@ SHARING = {
 # The groups whose real multi-process runs take longest, longest first: they start first, so that the
 # run does not end with one of them running alone while the other worker idles.
 LONGEST_FIRST = (
-    "torch_megatron/test_megatron_newest_suite.py",
+    "torch_megatron/test_megatron_newest_suite.py", "torch_megatron/test_megatron_lm_refs.py",
     "megatron-4-ranks", "hf-trainer", "megatron-2-ranks", "torch_megatron/test_pipeline_recover.py",
     "torch_megatron/test_mixed_precision_recover.py", "torch_megatron/test_replicated_dump.py",
     "torch_megatron/test_torch_dist.py", "torch_megatron/test_rampup_recover.py", "torch_megatron/test_moe_recover.py",

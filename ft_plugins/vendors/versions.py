@@ -58,7 +58,7 @@ class Framework(namedtuple("Framework", ("distribution", "oldest", "newest", "te
 
 SUPPORTED = (
     Framework("torch", TORCH, "2.13", ("2.13.0",), "PyTorch jobs"),
-    Framework("megatron-core", MEGATRON_CORE, "0.19", ("0.17.1", "0.19.2"),
+    Framework("megatron-core", MEGATRON_CORE, "0.19", ("0.8.0", "0.12.1", "0.17.1", "0.19.2"),
               "Megatron / MindSpeed-LLM hooks (megatron.training)"),
     Framework("transformers", TRANSFORMERS, "5", ("4.40.2", "4.57.1", "5.0.0", "5.24.0"), "Hugging Face Trainer hooks"),
     Framework("accelerate", ACCELERATE, "1", ("1.15.0",), "Accelerate hooks"),

@@ -297,6 +297,9 @@ def instance_state(optimizer: Any, iteration: int) -> Any:
             for member, real in zip(sharded, groups):
                 member.data_parallel_group_gloo = real
             states = [member.get_parameter_state_dp_zero() for member in sharded]
+            # megatron-core 0.8 and 0.12 return a state on every rank, hollow but on the group's first (newer
+            # releases return None there): only the first holds the instance's state
+            states = [state if dist.get_rank(real) == 0 else None for state, real in zip(states, groups)]
         finally:
             for member, group_held in zip(sharded, held):
                 member.data_parallel_group_gloo = group_held

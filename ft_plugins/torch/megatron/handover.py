@@ -141,7 +141,27 @@ def receive(source: int, group: Any) -> dict[str, Any]:
     dist.recv(payload, source, group=group)
     # a peer's bytes are read as Megatron reads a checkpoint: tensors and the types megatron-core registers as safe,
     # never an arbitrary object a pickle names
-    return torch.load(io.BufferedReader(_Reading(memoryview(payload.numpy()))), map_location="cpu", weights_only=True)
+    with torch.serialization.safe_globals(_saved_types()):
+        return torch.load(io.BufferedReader(_Reading(memoryview(payload.numpy()))), map_location="cpu",
+                          weights_only=True)
+
+
+def _saved_types() -> list[Any]:
+    """The types besides tensors that a save's state holds (its arguments, their enums, numpy's RNG state): those
+    megatron-core registers with torch as safe since 0.13 (``megatron.core.safe_globals``), named here for the
+    releases before it, which register none."""
+    import argparse
+
+    import numpy
+
+    found = [argparse.Namespace, numpy.ndarray, numpy.dtype, type(numpy.dtype(numpy.uint32)),
+             numpy.zeros(1).__reduce__()[0]]  # numpy's _reconstruct, in whichever module this numpy keeps it
+    for module, name in (("megatron.core.enums", "ModelType"), ("megatron.core.transformer.enums", "AttnBackend"),
+                         ("megatron.core.rerun_state_machine", "RerunDiagnostic"),
+                         ("megatron.core.rerun_state_machine", "RerunMode"),
+                         ("megatron.core.rerun_state_machine", "RerunState")):
+        found += filter(None, [getattr(optional_megatron(module.removeprefix("megatron.")), name, None)])
+    return found
 
 
 class _Reading(io.RawIOBase):
