@@ -108,7 +108,7 @@ install_beside "$VENV/megatron-core-0.12" megatron-core==0.12.1 setuptools==80.9
 # `git archive` tarballs: each unpacked into .venv/megatron-lm-<ref>/ (the archive's own top folder), laid over the
 # megatron-core wheel of its release by tests/torch_megatron/test_megatron_lm_refs.py; again only when the archive
 # changed (its sha256 in the folder's marker).
-MEGATRON_LM_VENDOR="${FT_PLUGINS_MEGATRON_LM_VENDOR:-../shared/vendor/megatron-lm}"
+MEGATRON_LM_VENDOR=../shared/vendor/megatron-lm
 for archive in "$MEGATRON_LM_VENDOR"/megatron-lm-*.tar.gz; do
   [ -f "$archive" ] || { echo "setup.sh: no Megatron-LM archive in $MEGATRON_LM_VENDOR" >&2; exit 1; }
   side="$VENV/$(basename "$archive" .tar.gz)"
