@@ -141,11 +141,22 @@ class Recorder:
             except OSError:
                 pass  # an unwritable folder: the job trains on without its record
 
+    def close(self) -> None:
+        """No more writes: in this process after the batch its writer thread may be writing, so that a descriptor
+        number opened again later (another file) never gets one of its batches; in a forked copy (no writer thread
+        there, and the lock maybe held by the parent's at the fork) at once."""
+        if self.pid == os.getpid():
+            with self.writing:
+                os.close(self.fd)
+                self.fd = -1  # a batch woken later fails on it (EBADF), and is dropped
+        else:
+            os.close(self.fd)
+
     def flush(self) -> None:
         """Write the steps kept; after a batch the writer thread is writing (at most one write's wait)."""
         with self.writing:
             lines = [self.steps.popleft() for _ in range(len(self.steps))]
-            if lines:
+            if lines and self.fd >= 0:
                 os.write(self.fd, "".join(f'{{"t": {started:.4f}, "ev": "step", "step": {step}, "end": {end:.4f}}}\n'
                                           for step, started, end in lines).encode())
 
@@ -175,7 +186,7 @@ def start(role: str, beside: str | None = None, since: float | None = None) -> N
     if _recorder is not None and _recorder.pid == os.getpid() and (role == "launcher" or _recorder.rank == env_rank()):
         return
     if _recorder is not None:  # a forked copy's, or the rank's this process was before: its own file from here
-        os.close(_recorder.fd)
+        _recorder.close()
     folder = directory(os.environ, argv)
     if folder is None and beside and not os.environ.get(EVENTS_VAR, "").strip() and \
             os.environ.get(SELECT_VAR, "").strip().lower() != "none":

@@ -384,3 +384,37 @@ def test_a_forked_copy_writes_its_steps_to_a_file_of_its_own(tmp_path: Path, mon
                             if json.loads(line)["ev"] == "step") for pid, path in files.items()}
     assert steps_of == {str(os.getpid()): [1], str(child): [7, 8]}
     monkeypatch.setattr(events, "_recorder", None)
+
+
+def test_a_process_that_becomes_another_rank_keeps_the_batch_its_writer_was_writing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer thread is inside a batch's write when the process begins its events again as another rank (a warm
+    spare taking a lost rank's place): the old descriptor is closed after that write, not under it (the batch was
+    lost, or went to whatever file got the descriptor's number next)."""
+    monkeypatch.setenv("FT_PLUGINS_EVENTS_DIR", str(tmp_path))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(events, "_recorder", None)
+    monkeypatch.setattr(events, "FLUSH_EVERY", 0.0)
+    events.start("worker")
+    old = events._recorder
+    writing, real_write = threading.Event(), events.os.write
+
+    def slow_write(fd: int, data: bytes) -> int:
+        if b'"ev": "step"' in data and threading.current_thread().name == "ft_plugins-events":
+            writing.set()
+            time.sleep(0.3)
+        return real_write(fd, data)
+
+    monkeypatch.setattr(events.os, "write", slow_write)
+    events.step(1, time.time())
+    assert writing.wait(30)
+    monkeypatch.setenv("RANK", "3")
+    events.start("worker")  # a new file; the old descriptor closed once the batch is written
+    events.end(0)
+    monkeypatch.setattr(events.os, "write", real_write)
+    [path] = tmp_path.iterdir()  # the process's one file (its host, pid and role), a start line per rank it was
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(line["ev"], line.get("rank")) for line in lines] == [("start", 0), ("step", None), ("start", 3),
+                                                                  ("end", None)], lines
+    assert old.fd == -1
+    monkeypatch.setattr(events, "_recorder", None)
