@@ -37,6 +37,7 @@ from ft_plugins.checkpoint.atomic import atomic_file, fsync_directory
 from ft_plugins.checkpoint.errors import ManifestError
 from ft_plugins.checkpoint.manifest import MANIFEST, is_dump, manifest_or_problem, write_manifest
 from ft_plugins.checkpoint.naming import ITERATION_DIR, advance_tracker, dump_dir, iteration_dir, tracker_iteration
+from ft_plugins.checkpoint.parallel import each
 
 PART_RECORD = "ft_part.json"
 STAGING_PREFIX = ".ft_partial-"  # + the writer's rank: its files while written, in the shard directory
@@ -138,15 +139,11 @@ def dump_problems(directory: str) -> list[str]:
     expected: set[str] = set()
     attempts: dict[str, list[str]] = {}
     layouts: set[tuple[str, ...]] = set()
-    for shard in shard_dirs:
-        part = read_part(os.path.join(directory, shard))
+    # each shard's record and files side by side where the file system makes each wait (a shard per writer)
+    for shard, (part, problem) in zip(shard_dirs, each(lambda shard: _judged(directory, iteration, shard),
+                                                       shard_dirs)):
         if part is None:
-            problems.append(f"{shard}: no part record (its writer was killed mid-write)")
-        elif part.iteration != iteration or part.shard != shard:
-            problems.append(f"{shard}: part of iteration {part.iteration} ({part.shard}), not of {iteration} "
-                            "(parts from different steps)")
-        elif absent := [name for name in part.files if not _is_file(os.path.join(directory, shard, name))]:
-            problems.append(f"{shard}: {', '.join(absent)} missing beside its part record")
+            problems.append(problem)
         else:
             holders.setdefault(shard, []).append(part.writer)
             expected.update(part.shards)
@@ -170,6 +167,20 @@ def dump_problems(directory: str) -> list[str]:
     return problems
 
 
+def _judged(directory: str, iteration: int, shard: str) -> tuple[Part | None, str]:
+    """One shard directory's part, or None and why it does not count."""
+    part = read_part(os.path.join(directory, shard))
+    if part is None:
+        return None, f"{shard}: no part record (its writer was killed mid-write)"
+    if part.iteration != iteration or part.shard != shard:
+        return None, (f"{shard}: part of iteration {part.iteration} ({part.shard}), not of {iteration} "
+                      "(parts from different steps)")
+    absent = [name for name in part.files if not _is_file(os.path.join(directory, shard, name))]
+    if absent:
+        return None, f"{shard}: {', '.join(absent)} missing beside its part record"
+    return part, ""
+
+
 def _is_file(path: str) -> bool:
     return os.path.isfile(path) and not os.path.islink(path)
 
@@ -186,10 +197,12 @@ def commit_dump(save_dir: str, iteration: int, durable: bool = True) -> Outcome:
     """Commit the dump of ``iteration`` if it is complete; idempotent and safe to run from several ranks.
     ``durable=False``: no fsync (the dying gasp's commit, :func:`.atomic.sync_file_system` after it)."""
     final, temporary = iteration_dir(save_dir, iteration), dump_dir(save_dir, iteration)
+    checked = False  # this call checked the dump it renamed: nothing writes into it since
     if os.path.isdir(temporary):
         problems = dump_problems(temporary)
         if problems:
             return Outcome(iteration, False, temporary, problems)
+        checked = True
         try:
             os.rename(temporary, final)
         except OSError:
@@ -200,7 +213,7 @@ def commit_dump(save_dir: str, iteration: int, durable: bool = True) -> Outcome:
     if not os.path.isdir(final):
         return Outcome(iteration, False, temporary, ["no dump of this iteration"])
     if not os.path.exists(os.path.join(final, MANIFEST)):
-        problems = dump_problems(final)  # renamed by a committer that died before the manifest
+        problems = [] if checked else dump_problems(final)  # renamed by a committer that died before the manifest
         if problems:
             return Outcome(iteration, False, final, problems)
         try:

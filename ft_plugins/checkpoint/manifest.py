@@ -70,12 +70,32 @@ def full_digest(path: str) -> str:
 
 
 def _all_files(base: str) -> list[str]:
-    found = []
-    for directory, _, names in os.walk(base):
-        for name in names:
-            if not name.startswith((MANIFEST, RANK_MANIFEST_PREFIX, VERDICT_FILE)):
-                found.append(os.path.relpath(os.path.join(directory, name), base))
+    """Every file under ``base`` but ft_plugins' own records, relative to it: a level of folders at a time, the
+    folders of a level listed side by side where the file system makes each wait (a dump holds a folder per shard)."""
+    found: list[str] = []
+    level = [base]
+    while level:
+        listed = each(_listing, level)
+        level = [folder for _, folders in listed for folder in folders]
+        found += [os.path.relpath(path, base) for files, _ in listed for path in files]
     return sorted(found)
+
+
+def _listing(directory: str) -> tuple[list[str], list[str]]:
+    """The files (but ft_plugins' own records) and the folders of ``directory``, as paths, as ``os.walk`` sees them:
+    a link to a folder is a folder not entered, a folder that cannot be listed holds nothing."""
+    files, folders = [], []
+    try:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                if entry.is_dir():
+                    if not entry.is_symlink():
+                        folders.append(entry.path)
+                elif not entry.name.startswith((MANIFEST, RANK_MANIFEST_PREFIX, VERDICT_FILE)):
+                    files.append(entry.path)
+    except OSError:
+        pass
+    return files, folders
 
 
 def write_manifest(checkpoint_dir: str, files: Iterable[str] | None = None, *, name: str = MANIFEST,
