@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 RANK_VARS = ("RANK", "RANK_ID", "MS_NODE_ID")
 WORLD_VARS = ("WORLD_SIZE", "MS_WORKER_NUM")
@@ -52,3 +52,9 @@ def global_rank() -> int | None:
 def is_rank_zero() -> bool:
     """Whether this process speaks for the job: rank 0, or a process whose rank is unknown (a launcher)."""
     return global_rank() in (0, None)
+
+
+def on_rank_zero(emit: Callable[..., None], message: str, *values: Any) -> None:
+    """One line per job, not per rank (every rank decides the same): ``emit`` it on rank zero only."""
+    if is_rank_zero():
+        emit(message, *values)

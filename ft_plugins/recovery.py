@@ -14,6 +14,10 @@ generation; the workers (:mod:`ft_plugins.torch.megatron.recover`) meet in it. E
 | ``g<G>/standings`` | the last survivor to publish | every survivor's standing is there (the replacement reads them) |
 | ``g<G>/joined`` | the replacement | it is ready to rebuild the groups with the survivors |
 | ``g<G>/done`` | every rank (``add``) | ranks that finished generation G's repair |
+| ``g<G>/member/<rank>`` | each survivor, with ``elastic`` | its node and the ranks of its model replica |
+| ``g<G>/proposer`` | each survivor left without a replacement (``add``) | the first of them proposes the members |
+| ``g<G>/members`` | that proposer | the survivors that go on without the lost ranks (a scale-in) |
+| ``nodes`` | that proposer | the nodes still in the job after a scale-in (torchrun's exit barrier waits for these) |
 | ``trained/<rank>`` | each worker | its training loop returned: a failure after it (at exit) is not repaired |
 
 A rank waits for a key in one request the store holds until the key is set (never a poll): whoever abandons a
@@ -99,16 +103,33 @@ def worker_namespace(env: Mapping[str, str]) -> str:
     return namespace(env.get("TORCHELASTIC_RUN_ID", ""), int(env.get(RESTART_VAR, "0") or 0))
 
 
+def connect(env: Mapping[str, str], timeout: float) -> Any:
+    """A connection of its own to torchrun's agent store, in this worker's namespace; Fallback where the workers'
+    store is not the agent's (it would die with rank 0)."""
+    from torch.distributed import PrefixStore, TCPStore
+
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        raise Fallback("the workers' store is not torchrun's agent store (it would die with rank 0)")
+    client = TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=timeout))
+    return PrefixStore(worker_namespace(env), client)
+
+
 def key(generation: int, name: str) -> str:
     return f"g{generation}/{name}"
 
 
 STANDINGS = "standings"
-WAITED = ("lost", "joined", STANDINGS)  # the keys of a generation that a rank waits on
+MEMBERS = "members"
+NODES = "nodes"
+WAITED = ("lost", "joined", STANDINGS, MEMBERS)  # the keys of a generation that a rank waits on
 
 
 class Fallback(RuntimeError):
     """Recovery cannot work; the message says why."""
+
+
+class Late(Fallback):
+    """What a rank waited for did not come within the bound (not abandoned, no store failure)."""
 
 
 def abandon(store: Any, generation: int, reason: str) -> None:
@@ -132,7 +153,7 @@ def await_keys(store: Any, generation: int, names: list[str], what: str, timeout
             raise Fallback(store.get(abandoned).decode()) from None
         if time.monotonic() - began < 0.9 * timeout:  # failed well before the bound: not a timeout
             raise Fallback(f"waiting for {what}, the store failed: {type(exc).__name__}: {exc}") from None
-        raise Fallback(f"{what} did not come within {timeout:.0f} s") from None
+        raise Late(f"{what} did not come within {timeout:.0f} s") from None
     if store.check([abandoned]):
         raise Fallback(store.get(abandoned).decode())
     multi_get = getattr(store, "multi_get", None)  # one request for them all (torch 2.4 on)
@@ -147,6 +168,53 @@ def standings(store: Any, generation: int, world: int, timeout: float) -> dict[i
     survivors = [rank for rank in range(world) if rank != lost]
     raw = await_keys(store, generation, [f"state/{rank}" for rank in survivors], "the survivors' standings", timeout)
     return {rank: Standing.decode(value) for rank, value in zip(survivors, raw)}
+
+
+class Member(NamedTuple):
+    """A survivor no replacement came for, as the others must know it to agree on who goes on: its node (torchrun's
+    ``GROUP_RANK``) and the global ranks of its model replica (every rank at its data-parallel index)."""
+
+    rank: int
+    node: int
+    replica: tuple[int, ...]
+
+    def encode(self) -> bytes:
+        return json.dumps(self._asdict()).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> "Member":
+        fields = json.loads(raw.decode())
+        return cls(fields["rank"], fields["node"], tuple(fields["replica"]))
+
+
+def members(store: Any, generation: int, world: int, timeout: float) -> dict[int, Member]:
+    """The survivors of ``generation`` that go on without a replacement, the same on every rank: the first to ask
+    lists those whose ``member/<rank>`` is there (each set its own on catching the fault, long before), the others
+    take its list; then one read of their records."""
+    if store.add(key(generation, "proposer"), 1) == 1:
+        present = [rank for rank in range(world) if store.check([key(generation, f"member/{rank}")])]
+        store.compare_set(key(generation, MEMBERS), "", json.dumps(present))
+    listed = json.loads(await_keys(store, generation, [MEMBERS], "the survivors' list", timeout)[0])
+    raw = await_keys(store, generation, [f"member/{rank}" for rank in listed], "the survivors' records", timeout)
+    return {member.rank: member for member in map(Member.decode, raw)}
+
+
+def going_on(found: Mapping[int, Member], world: int) -> tuple[list[int], str]:
+    """The ranks that go on after a scale-in, in their old order (the i-th becomes rank i): every survivor whose
+    model replica lost no rank; and why the job cannot go on so ("" when it can)."""
+    lost = set(range(world)) - set(found)
+    stay = sorted(rank for rank, member in found.items() if not lost & set(member.replica))
+    idle = sorted(set(found) - set(stay))
+    if not stay:
+        return [], f"every model replica lost a rank ({_ranks(lost)} lost)"
+    if idle:
+        return stay, (f"{_ranks(idle)} healthy in a model replica that lost {_ranks(lost)}: keeping the healthy as warm "
+                      "spares for a scale-out is not implemented yet")
+    return stay, ""
+
+
+def _ranks(ranks: Any) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, sorted(ranks)))}"
 
 
 def trained(rank: int) -> str:

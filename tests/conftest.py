@@ -138,6 +138,14 @@ def signals_given_back():
 
 
 @pytest.fixture
+def store_server() -> Any:
+    """A TCPStore server standing in for torchrun's agent store (clients: ``support.agent_store_client``)."""
+    from torch.distributed import TCPStore
+
+    yield TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+
+
+@pytest.fixture
 def isolated_vendor_modules():
     """Start without vendor modules (fakes or placeholders) and leave none behind for later tests."""
     with vendor_modules_isolated():

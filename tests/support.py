@@ -382,3 +382,14 @@ _STATUS_START = re.compile(r"; (?=[a-z]+ (?:enabled \(|disabled: |requested but 
 def statuses(messages: Iterable[str], feature: str) -> list[str]:
     """The ``feature ...`` parts of ft_plugins' start-up summaries (one line, the features joined by "; ")."""
     return [part for message in messages for part in _STATUS_START.split(message) if part.startswith(f"{feature} ")]
+
+
+def agent_store_client(port: int) -> Any:
+    """A process's own connection to a TCPStore standing in for torchrun's agent store at ``port``, in one job's
+    namespace of recover's protocol (``ft_plugins.recovery.namespace``)."""
+    from datetime import timedelta
+
+    from torch.distributed import PrefixStore, TCPStore
+
+    return PrefixStore("ft_plugins/recover/test/0/",
+                       TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60)))

@@ -44,7 +44,8 @@ def test_the_site_builds_strict_with_every_page_of_the_issue(site: Path) -> None
     pages = ["getting-started", "frameworks/megatron", "frameworks/hf", "frameworks/mindspore", "launcher",
              "checkpoints", "patch", "verified", "benchmarks", "configuration", "reference/cli",
              "reference/versions", "changelog", "architecture", "patch-recipes",
-             *(f"features/{name}" for name in ("taskd", "mstx", "resume", "ttp", "recover", "replicas"))]
+             *(f"features/{name}" for name in ("taskd", "mstx", "resume", "ttp", "recover", "elastic",
+                                                        "replicas"))]
     assert [page for page in pages if not (site / page / "index.html").is_file()] == []
     assert "ft-plugins run" in (site / "index.html").read_text()  # the README is the home page
 

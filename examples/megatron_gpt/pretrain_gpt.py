@@ -5,8 +5,8 @@
 The only ft_plugins line is ``import ft_plugins.torch`` below; everything else is an ordinary
 Megatron entry script. Small defaults are put before the command-line arguments, so any
 Megatron flag given on the command line wins. Extra flags of this script:
-``--no-ft-plugins-import`` (run without the import) and ``--ft-report-dir DIR`` (each rank writes
-what every feature did to ``DIR/rank_<r>.json``).
+``--no-ft-plugins-import`` (run without the import), ``--ft-report-dir DIR`` (each rank writes
+what every feature did to ``DIR/rank_<r>.json``) and ``--ft-sample-log DIR`` (which samples each step read).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class RandomTokens(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         generator = torch.Generator().manual_seed(index)
-        return {"tokens": torch.randint(0, self.vocab, (self.seq_length + 1,), generator=generator)}
+        return {"tokens": torch.randint(0, self.vocab, (self.seq_length + 1,), generator=generator), "index": index}
 
 
 def datasets_provider(num_samples, vp_stage=None):  # one iterator per model chunk with virtual pipeline stages
@@ -88,7 +88,9 @@ def loss_func(loss_mask, output_tensor):
 
 
 def forward_step(data_iterator, model):
-    tokens = next(data_iterator)["tokens"]
+    batch = next(data_iterator)
+    log_samples(batch["index"])
+    tokens = batch["tokens"]
     inputs, labels = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
     position_ids = torch.arange(inputs.shape[1]).unsqueeze(0).expand_as(inputs)
     loss_mask = torch.ones_like(labels, dtype=torch.float)
@@ -96,10 +98,23 @@ def forward_step(data_iterator, model):
     return output, lambda out: loss_func(loss_mask, out)
 
 
+def log_samples(indices) -> None:
+    """With ``--ft-sample-log DIR``: which samples this rank read in which step, at which world size (one line per
+    micro-batch in ``DIR/pid_<pid>.txt``), to check that every step reads exactly its global batch."""
+    args = get_args()
+    if not args.ft_sample_log:
+        return
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    os.makedirs(args.ft_sample_log, exist_ok=True)
+    with open(os.path.join(args.ft_sample_log, f"pid_{os.getpid()}.txt"), "a", encoding="utf-8") as handle:
+        handle.write(f"{args.curr_iteration + 1} {world} {rank} {' '.join(map(str, indices.tolist()))}\n")
+
+
 def extra_args(parser):
     group = parser.add_argument_group("ft_plugins example")
     group.add_argument("--no-ft-plugins-import", action="store_true")
     group.add_argument("--ft-report-dir", default=None)
+    group.add_argument("--ft-sample-log", default=None)
     return parser
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ft_plugins.config import Option
 from ft_plugins.features.base import Feature
+from ft_plugins.features.elastic import Elastic
 from ft_plugins.features.hangs import Hangs
 from ft_plugins.features.mstx import Mstx
 from ft_plugins.features.recover import Recover
@@ -11,7 +12,7 @@ from ft_plugins.features.resume import Resume
 from ft_plugins.features.taskd import Taskd
 from ft_plugins.features.ttp import Ttp
 
-FEATURES: dict[str, type[Feature]] = {feature.name: feature for feature in (Taskd, Mstx, Resume, Ttp, Recover, Hangs)}
+FEATURES: dict[str, type[Feature]] = {feature.name: feature for feature in (Taskd, Mstx, Resume, Ttp, Recover, Elastic, Hangs)}
 
 
 def declared_options() -> dict[str, tuple[Option, ...]]:

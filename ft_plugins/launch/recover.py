@@ -39,7 +39,7 @@ from ft_plugins.launch.environment import launcher_options, torchrun_option
 from ft_plugins.launch.leftovers import PROCESSES, end_group
 from ft_plugins.launch.process import adopt_orphans, reap_adopted
 from ft_plugins.launch.spare import EXIT, OFF, READY, TOOK, Lines
-from ft_plugins.recovery import REFUSED, abandon, key, namespace, replacement_value, trained
+from ft_plugins.recovery import NODES, REFUSED, abandon, key, namespace, replacement_value, trained
 from ft_plugins.vendors.versions import TORCH_RECOVER
 
 log = logging.getLogger("ft_plugins.recover")
@@ -228,6 +228,7 @@ class Supervisor:
 
         agent = importlib.import_module(AGENT).LocalElasticAgent
         agent._monitor_workers = wrapt.FunctionWrapper(agent._monitor_workers, self.monitor)
+        agent._exit_barrier = wrapt.FunctionWrapper(agent._exit_barrier, self.exit_barrier)
         context = importlib.import_module(PROCESSES).SubprocessContext
         if hasattr(context, "_capture_process_failures"):
             context._capture_process_failures = wrapt.FunctionWrapper(context._capture_process_failures,
@@ -275,6 +276,25 @@ class Supervisor:
                 del context._failures[local_rank]
                 done.discard(local_rank)
         return result
+
+    def exit_barrier(self, wrapped: Callable[..., Any], agent: Any, args: tuple, kwargs: dict) -> Any:
+        """torchrun's barrier at the end, where every node's agent waits for all the others (5 minutes at most):
+        after a scale-in (``elastic``) it waits for the nodes still in the job, not for those lost in it."""
+        group = agent._worker_group
+        try:
+            self._connect(group)
+            nodes = json.loads(self.store.get(NODES)) if self.store.check([NODES]) else None
+        except Exception:  # no store, or its host gone: torch's own barrier says what it finds
+            nodes = None
+        if nodes is None or len(nodes) >= group.group_world_size:
+            return wrapped(*args, **kwargs)
+        log.info("elastic: torchrun's exit barrier waits for the %d node%s left after the scale-in", len(nodes),
+                 "s" if len(nodes) > 1 else "")
+        counted, group.group_world_size = group.group_world_size, len(nodes)
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            group.group_world_size = counted
 
     def _failed(self, worker_group: Any, context: Any, local_rank: int, code: int) -> None:
         rank = worker_group.workers[local_rank].global_rank

@@ -23,6 +23,7 @@ from typing import Any
 
 from ft_plugins.report.interval import Interval, advise
 from ft_plugins.report.reading import Record
+from ft_plugins.report.sizes import Size, sizes
 
 DETECTION, DUMP, RESTART, IN_PLACE = "fault detection", "dump", "restart and reload", "in-place repair"
 SAVES, RECOMPUTED, STARTUP, TRAINING, OTHER = "checkpoint saves", "steps recomputed", "start-up", "training", "other"
@@ -59,6 +60,7 @@ class Report:
     notes: list[str]
     interval: Interval | None = None  # the save interval the job should use (None: it finished no save)
     spans: list[tuple[float, float, str, Any]] = field(default_factory=list)  # (start, end, label, rank): the plot's
+    sizes: list[Size] = field(default_factory=list)  # the data-parallel sizes after scale-ins (empty: never changed)
 
     @property
     def goodput(self) -> float:
@@ -100,7 +102,8 @@ def analyse(record: Record) -> Report:
     advice = advise(end - begin, badput[SAVES], max(saves_by_rank.values(), default=0), finished,
                     [stop - start for start, stop, _, _ in steps], sum(1 for fault in faults if fault.steps_recomputed))
     return Report(record.job, end - begin, productive, badput, other, faults, record.notes, advice,
-                  [(start - begin, stop - begin, label, rank) for start, stop, label, rank in spans])
+                  [(start - begin, stop - begin, label, rank) for start, stop, label, rank in spans],
+                  sizes(record, steps, begin))
 
 
 def _steps(record: Record, spans: list) -> list[tuple[float, float, int, int | None]]:
@@ -197,6 +200,10 @@ def _fault(record: Record, cluster: list, steps: list, spans: list, end: float) 
         spans.append((start, max(start, stop_at), label, rank))
     if how == "restart":
         how = "dump + restart" if dumped else "restart"
+    scaled = [event for process in record.processes for event in process.of("scale_in")
+              if began <= event["t"] <= (again or end)]
+    if how == "in place" and scaled:
+        how = f"scale-in {scaled[0]['before']} -> {scaled[0]['data_parallel']}"
     if kind == "hang":
         how = f"hang kill, {how}"
     completed = max((step for _, finished, step, _ in steps if finished <= began), default=0)

@@ -30,6 +30,10 @@ def render(report: Report) -> str:
                   for row in [header, *rows]]
     else:
         lines.append("faults: none")
+    if report.sizes:
+        lines.append("data-parallel sizes (elastic):")
+        lines += [f"  {size.data_parallel:>4} from {size.since:.2f} s: {size.steps} steps"
+                  + (f", {size.per_second:.2f} steps/s" if size.per_second else "") for size in report.sizes]
     if report.interval is not None:
         lines += _interval(report.interval)
     lines += [f"note: {note}" for note in report.notes]

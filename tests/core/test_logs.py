@@ -76,13 +76,14 @@ def test_the_launcher_says_one_line_and_publishes_what_the_workers_compare() -> 
             "print(os.environ['FT_LAUNCHER_FEATURES'])")
     result = _process(code, FT_PLUGINS="resume")
     assert result.stderr.splitlines() == ["[ft_plugins rank 0] INFO torchrun launcher: workers start with resume"]
-    assert result.stdout.split() == ["taskd=off,mstx=off,resume=on,ttp=off,recover=off,hangs=off"]
+    assert result.stdout.split() == ["taskd=off,mstx=off,resume=on,ttp=off,recover=off,elastic=off,hangs=off"]
 
 
 def test_features_command_prints_each_status_once() -> None:
     result = _process("from ft_plugins.cli import main; raise SystemExit(main(['features']))", FT_PLUGINS="resume")
     assert result.returncode == 0 and result.stderr == ""
-    assert [line.split()[0] for line in result.stdout.splitlines()] == ["taskd", "mstx", "resume", "ttp", "recover", "hangs"]
+    names = ["taskd", "mstx", "resume", "ttp", "recover", "elastic", "hangs"]
+    assert [line.split()[0] for line in result.stdout.splitlines()] == names
 
 
 def test_every_rank_raising_no_intact_checkpoint_names_what_was_skipped(tmp_path) -> None:

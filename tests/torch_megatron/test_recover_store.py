@@ -5,12 +5,13 @@ exchange between ranks runs in every real recovery of tests/torch_megatron (test
 from __future__ import annotations
 
 import threading
-from datetime import timedelta
-from typing import Any, Iterator
+from typing import Any
 from unittest.mock import Mock
 
 import pytest
 from torch.distributed import PrefixStore, TCPStore
+
+from support import agent_store_client
 
 from ft_plugins.recovery import STANDINGS, Standing, abandon, key
 from ft_plugins.torch.megatron.recover import Fallback, MegatronRecovery
@@ -19,19 +20,8 @@ WORLD = 1024
 
 
 @pytest.fixture
-def server() -> Iterator[TCPStore]:
-    yield TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-
-
-def _client(server: TCPStore) -> PrefixStore:
-    """A process's connection to torchrun's store, in a job's namespace."""
-    return PrefixStore("ft_plugins/recover/test/0/",
-                       TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=60)))
-
-
-@pytest.fixture
-def store(server: TCPStore) -> PrefixStore:
-    return _client(server)
+def store(store_server: TCPStore) -> PrefixStore:
+    return agent_store_client(store_server.port)
 
 
 def _rank(store: Any, timeout: float = 60.0) -> MegatronRecovery:
@@ -56,13 +46,13 @@ def test_the_replacement_reads_every_survivor_s_standing_in_a_few_requests_whate
     assert len(requests) <= 9, requests  # three waits, each: wait, a look for abandonment, one read
 
 
-def test_a_waiter_wakes_when_its_generation_is_abandoned_and_reads_why(server: TCPStore, store: Any) -> None:
+def test_a_waiter_wakes_when_its_generation_is_abandoned_and_reads_why(store_server: TCPStore, store: Any) -> None:
     """A survivor waits for the replacement; the launcher (another process: another connection) gives it up."""
     outcome: list[str] = []
 
     def survivor() -> None:
         try:
-            _rank(_client(server))._await(2, ["joined"], "the replacement")
+            _rank(agent_store_client(store_server.port))._await(2, ["joined"], "the replacement")
         except Fallback as exc:
             outcome.append(str(exc))
 

@@ -22,6 +22,7 @@ from ft_plugins import events
 from ft_plugins.config import INJECT_VAR
 from ft_plugins.features.hangs import Hangs
 from ft_plugins.features.mstx import DATALOADER, SAVE_CHECKPOINT, Mstx
+from ft_plugins.features.elastic import Elastic
 from ft_plugins.features.recover import Recover
 from ft_plugins.features.resume import Resume
 from ft_plugins.features.taskd import Taskd
@@ -99,12 +100,22 @@ class MegatronIntegration:
         if ttp.engine == "mindio":  # MindIO's controller drives the repair through its handlers
             from ft_plugins.torch.megatron.mindio_recover import MindioRecovery
 
+            if self.runtime.running(Elastic) is not None:
+                log.warning("elastic: not with MindIO's engine yet (its downgrade and upgrade handlers are not "
+                            "registered): a lost rank with no replacement takes MindIO's dump")
+
             ttp.mindio.recovery = MindioRecovery(recover, ttp)
             self._add("recover", *ttp.mindio.recovery.patches())
             return
-        from ft_plugins.torch.megatron.recover import MegatronRecovery
+        elastic = self.runtime.running(Elastic)
+        if elastic is None:
+            from ft_plugins.torch.megatron.recover import MegatronRecovery
 
-        self._add("recover", *MegatronRecovery(recover, ttp).patches())
+            self._add("recover", *MegatronRecovery(recover, ttp).patches())
+            return
+        from ft_plugins.torch.megatron.elastic import MegatronElastic
+
+        self._add("recover", *MegatronElastic(recover, ttp, elastic).patches())
 
     def _clean_exit_patches(self) -> tuple[Patch, ...]:
         from ft_plugins.torch.clean_exit import CLEAN_EXIT

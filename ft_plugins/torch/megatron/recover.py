@@ -28,8 +28,8 @@ with the rest; with one instance nothing can replace a lost rank, and recover sa
 
 When recovery cannot work (no replacement within the bound, a second fault during the repair, no
 surviving holder of a shard, a group only some object holds) the survivors fall back to ``ttp``'s
-dump, as without this feature, and say why in one line. Continuing with fewer data-parallel ranks
-when no replacement comes (elastic training) belongs in :meth:`MegatronRecovery._fall_back`.
+dump, as without this feature, and say why in one line; with ``elastic``, survivors no replacement
+comes for go on with fewer data-parallel replicas instead (:mod:`.elastic`).
 """
 
 from __future__ import annotations
@@ -37,16 +37,15 @@ from __future__ import annotations
 import logging
 import os
 import time
-from datetime import timedelta
 from typing import Any, Callable
 
 from ft_plugins import events, faults, progress
 from ft_plugins.features.recover import Recover
 from ft_plugins.patching import Patch
-from ft_plugins.rank import global_rank, is_rank_zero
+from ft_plugins.rank import global_rank, on_rank_zero
 from ft_plugins.recovery import (LOG, REFUSED, SAVE as SAVING, STANDINGS, STEP, Fallback, Standing, abandon, await_keys,
-                                 key, mark_trained, plan, replacement, resume_collection, resumption, standings,
-                                 supervised, worker_namespace)
+                                 connect, key, mark_trained, plan, replacement, resume_collection, resumption,
+                                 standings, supervised)
 from ft_plugins.steps import FORWARD, IDLE, UPDATED
 from ft_plugins.torch.megatron import loop
 from ft_plugins.torch.megatron.handover import (Batches, Chunks, apply, kept, receive, send, set_rng, state_at,
@@ -106,7 +105,7 @@ class MegatronRecovery:
 
     def train(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         if not supervised(os.environ):  # ttp alone handles a failure, as without this feature
-            _rank_zero("recover: no launcher replaces a lost worker here (launch with `ft-plugins run -- torchrun "
+            on_rank_zero(log.warning, "recover: no launcher replaces a lost worker here (launch with `ft-plugins run -- torchrun "
                        "...`, recover in FT_PLUGINS); a failure is ttp's alone")
             return wrapped(*args, **kwargs)
         names = ("forward_step_func", "model", "optimizer", "opt_param_scheduler", "train_data_iterator",
@@ -117,7 +116,7 @@ class MegatronRecovery:
             if not self.joined:
                 log.error("recover: replacement of rank %s cannot join: %s", os.environ.get("RANK"), self.refusal)
                 raise SystemExit(EXIT_ON_ERROR)
-            _rank_zero("recover: a lost rank cannot be replaced in this run: %s", self.refusal)
+            on_rank_zero(log.warning, "recover: a lost rank cannot be replaced in this run: %s", self.refusal)
             self._publish_refusal()
             return wrapped(*args, **kwargs)
         self.objects = (given["model"], given["optimizer"], given["opt_param_scheduler"])
@@ -215,26 +214,33 @@ class MegatronRecovery:
             with self._quiet():
                 if self.refusal:
                     raise Fallback(self.refusal)
-                store = self._store()
-                require_successors(self.regroup.hold(rank, world, _holding_store(store), megatron_roots(self.objects)),
+                require_successors(self.regroup.hold(rank, world, self._holding_store(), megatron_roots(self.objects)),
                                    Fallback)
-                self._await(generation, ["lost"], "the launcher's announcement of a replacement")
-                store.set(key(generation, f"state/{rank}"), standing.encode())
-                if store.add(key(generation, "published"), 1) == world - 1:  # the last survivor's word
-                    store.set(key(generation, STANDINGS), "ready")
-                self._await(generation, ["joined"], "the replacement")
+                place = self._replaced(generation, standing, rank, world)
             self.generation = generation
-            return self._repair((standing, snapshot), started)
+            return self._repair((standing, snapshot), started, place)
         except Exception as exc:  # Fallback, or a second fault while repairing
             self._fall_back(generation, f"{type(exc).__name__}: {exc}" if not isinstance(exc, Fallback) else str(exc))
             raise  # not reached: the dump exits
 
-    def _repair(self, mine: tuple[Standing, Any] | None, started: float | None = None) -> str:
-        """Every rank of the generation: rebuild the groups, agree on K, hand over, stand at K."""
+    def _replaced(self, generation: int, standing: Standing, rank: int, world: int) -> tuple[int, int]:
+        """A survivor's wait for the replacement the launcher announces; this rank's place in the repaired job."""
+        store = self._store()
+        self._await(generation, ["lost"], "the launcher's announcement of a replacement")
+        store.set(key(generation, f"state/{rank}"), standing.encode())
+        if store.add(key(generation, "published"), 1) == world - 1:  # the last survivor's word
+            store.set(key(generation, STANDINGS), "ready")
+        self._await(generation, ["joined"], "the replacement")
+        return rank, world
+
+    def _repair(self, mine: tuple[Standing, Any] | None, started: float | None = None,
+                place: tuple[int, int] | None = None) -> str:
+        """Every rank of the generation: rebuild the groups, agree on K, hand over, stand at K; ``place``: this
+        rank's (rank, world) in the rebuilt job, where not torchrun's."""
         import torch.distributed as dist
 
         generation, store = self.generation, self._store()
-        rank, world = global_rank(), int(os.environ["WORLD_SIZE"])
+        rank, world = place or (global_rank(), int(os.environ["WORLD_SIZE"]))
         started = started or time.monotonic()
         try:
             with self._quiet():
@@ -245,6 +251,7 @@ class MegatronRecovery:
 
                 require_successors(self.regroup.join(rank, world, PrefixStore(key(generation, "world/"), store),
                                                        megatron_roots(self.objects)), Fallback)
+                self._rebuilt()
                 self.joined = True
                 # each rank's standing and holding in one collective of the rebuilt groups, not N reads of the
                 # store by each of N ranks (the replacement has no standing: it is behind every survivor)
@@ -259,6 +266,7 @@ class MegatronRecovery:
                 if decided.refusal:
                     raise Fallback(decided.refusal)
                 outcome = self._hand_over(rank, decided, kinds.index(holds[rank]), mine)
+                self._resumed(next(s.consumed for s in standings.values() if s.completed == decided.step))
                 store.add(key(generation, "done"), 1)
         except Exception as exc:
             self._fall_back(generation, str(exc) if isinstance(exc, Fallback) else f"{type(exc).__name__}: {exc}")
@@ -320,6 +328,12 @@ class MegatronRecovery:
             self.batches.finish(per_step)
         return outcome
 
+    def _rebuilt(self) -> None:
+        """The groups were built again (:mod:`.elastic` lays out what their size decides)."""
+
+    def _resumed(self, consumed: int) -> None:
+        """Every rank stands at K, ``consumed`` samples read (:mod:`.elastic` reads on from there)."""
+
     def _enter(self) -> None:
         """The replacement, before ``train`` starts: K and the counters at K from the survivors' standings."""
         megatron_args = megatron("training.global_vars").get_args()
@@ -360,16 +374,15 @@ class MegatronRecovery:
                         "not a lost process, so there is nothing to replace")
 
     def _fall_back(self, generation: int, reason: str) -> None:
-        """What happens today: ``ttp``'s dump of the last completed step, then exit (whole-job restart).
-        The place to continue with fewer data-parallel ranks instead (elastic training, next)."""
+        """``ttp``'s dump of the last completed step, then exit (whole-job restart)."""
         import torch.distributed as dist
 
         log.error("recover: generation %d cannot recover: %s; falling back to ttp's dump", generation, reason)
         try:
             abandon(self._store(), generation, reason)
             if not self.regroup.holding():
-                self.regroup.hold(dist.get_rank(), dist.get_world_size(), _holding_store(self._store()),
-                                   megatron_roots(self.objects))
+                self.regroup.hold(dist.get_rank(), dist.get_world_size(), self._holding_store(),
+                                  megatron_roots(self.objects))
         except Exception as exc:
             log.info("recover: groups not held before the dump: %s: %s", type(exc).__name__, exc)
         self.gasp.fire(f"recover fell back ({reason})", EXIT_ON_ERROR)
@@ -404,21 +417,19 @@ class MegatronRecovery:
             self.store = self._connect()
         return self.store
 
+    def _holding_store(self) -> Any:
+        from torch.distributed import PrefixStore
+
+        return PrefixStore("hold/", self._store())
+
     def _waiting_store(self) -> Any:
-        """A connection of its own for the waits the store holds: one waiting holds its connection, and the holding
-        groups, which a dump on SIGTERM meets in meanwhile, talk through :meth:`_store`'s."""
+        """A connection for the store's waits alone: one holds it, and the holding groups (and a dump) use :meth:`_store`'s."""
         if self.waits is None:
             self.waits = self._connect()
         return self.waits
 
     def _connect(self) -> Any:
-        from torch.distributed import PrefixStore, TCPStore
-
-        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-            raise Fallback("the workers' store is not torchrun's agent store (it would die with rank 0)")
-        client = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                          timeout=timedelta(seconds=self.timeout))
-        return PrefixStore(worker_namespace(os.environ), client)
+        return connect(os.environ, self.timeout)
 
     def _publish_refusal(self) -> None:
         """Tell the launcher before any failure, so that it leaves a lost rank to torchrun's own handling instead
@@ -428,19 +439,8 @@ class MegatronRecovery:
         except Exception as exc:  # no agent store: the launcher refuses by itself then
             log.debug("recover: refusal not published: %s: %s", type(exc).__name__, exc)
 
-    def _await(self, generation: int, names: list[str], what: str) -> list[bytes]:
-        return await_keys(self._waiting_store(), generation, names, what, self.timeout)
+    def _await(self, generation: int, names: list[str], what: str, timeout: float | None = None) -> list[bytes]:
+        return await_keys(self._waiting_store(), generation, names, what, timeout or self.timeout)
 
     def _standings(self, generation: int, world: int) -> dict[int, Standing]:
         return standings(self._waiting_store(), generation, world, self.timeout)
-
-
-def _holding_store(store: Any) -> Any:
-    from torch.distributed import PrefixStore
-
-    return PrefixStore("hold/", store)
-
-
-def _rank_zero(message: str, *values: Any) -> None:
-    if is_rank_zero():
-        log.warning(message, *values)

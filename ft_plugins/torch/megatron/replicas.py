@@ -15,7 +15,7 @@ import sys
 from typing import Any, Callable, Literal, Sequence
 
 from ft_plugins.patching import Patch
-from ft_plugins.rank import is_rank_zero
+from ft_plugins.rank import on_rank_zero
 from ft_plugins.replicas import ReplicaLayout, ReplicaLayoutError, choose_replicas, optimizer_bytes_per_parameter
 
 log = logging.getLogger("ft_plugins.ttp")
@@ -61,7 +61,7 @@ class MegatronReplicas:
         if size is None:
             return
         if user_flag(sys.argv):  # read now: entry scripts rewrite sys.argv
-            _rank_zero(log.info, "ttp: %s %s given on the command line: it wins over %s", FLAG,
+            on_rank_zero(log.info, "ttp: %s %s given on the command line: it wins over %s", FLAG,
                        megatron_args.num_distributed_optimizer_instances, OPTION_VAR)
             return
         try:
@@ -70,16 +70,10 @@ class MegatronReplicas:
             raise ReplicaLayoutError(f"ttp: {OPTION_VAR}={self.requested}: {exc} "
                                      f"(or leave replicas to megatron with {FLAG})") from None
         if choice.warning:
-            _rank_zero(log.warning, "ttp: %s", choice.warning)
+            on_rank_zero(log.warning, "ttp: %s", choice.warning)
         megatron_args.num_distributed_optimizer_instances = choice.replicas
         layout = ReplicaLayout.build(range(size), choice.replicas)
-        _rank_zero(log.info, "ttp: distributed optimizer with %d replica%s over data-parallel size %d (instances "
+        on_rank_zero(log.info, "ttp: distributed optimizer with %d replica%s over data-parallel size %d (instances "
                    "of %d ranks): optimizer state %.2f bytes per parameter with mixed precision, against %.2f "
                    "unreplicated", layout.replicas, "" if layout.replicas == 1 else "s", size, layout.shard_count,
                    layout.optimizer_bytes_per_parameter(), optimizer_bytes_per_parameter(size))
-
-
-def _rank_zero(emit: Callable[..., None], message: str, *values: Any) -> None:
-    """One line per job, not per rank: every rank decides the same."""
-    if is_rank_zero():
-        emit(message, *values)

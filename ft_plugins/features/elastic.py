@@ -1,0 +1,38 @@
+"""``elastic``: elastic training (MindCluster's "elastic-training" strategy) for Megatron under ``ft-plugins run``.
+
+When a lost rank is not replaced within ``wait`` seconds (a node lost for good, torchrun's ``--nnodes MIN:MAX``),
+the survivors drop every model replica that lost a rank and train on in place at the smaller data-parallel size,
+the global batch kept (:mod:`ft_plugins.torch.megatron.elastic`); what ``recover`` does otherwise is unchanged.
+It changes what a job does after a loss, so like ``recover`` it runs only when asked for by name or ``all``.
+"""
+
+from __future__ import annotations
+
+from ft_plugins.config import Option, parse_seconds
+from ft_plugins.features.base import Feature
+from ft_plugins.vendors import VendorUnavailable
+
+DEFAULT_WAIT = 30.0  # seconds: MindCluster's wait-reschedule-timeout at its least (30..270 s)
+
+
+class Elastic(Feature):
+    name = "elastic"
+    requires = ("recover",)  # its groups held and rebuilt in place, its hand-over of a step, its fallback
+    summary = "elastic training: with no replacement for a lost rank, train on with fewer data-parallel replicas"
+    options = (
+        Option("wait", DEFAULT_WAIT, "seconds the survivors wait for a replacement before they go on without the lost "
+               "ranks' model replicas (MindCluster's wait-reschedule-timeout)", parse_seconds),
+    )
+
+    def start(self) -> str:
+        if self.framework != "pt":
+            raise VendorUnavailable("elastic training is implemented for PyTorch (Megatron) under torchrun only")
+        if not self.requested:
+            raise VendorUnavailable("elastic changes what a job does after a loss: it runs only when asked for "
+                                    "(FT_PLUGINS=elastic,recover,ttp or all)")
+        self.changes: list[str] = []
+        return (f"a lost rank not replaced within {self.settings['wait']:.0f} s: the survivors drop its model "
+                "replica and train on in place at the smaller data-parallel size, the global batch kept")
+
+    def activity(self) -> str:
+        return f"scale-ins: {', '.join(self.changes)}" if self.changes else "no scale-in"

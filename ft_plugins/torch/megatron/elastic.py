@@ -1,0 +1,192 @@
+"""Megatron glue for ``elastic``: a scale-in in place when a lost rank is not replaced (the launcher's side: its
+exit barrier, :class:`ft_plugins.launch.recover.Supervisor`).
+
+Built on ``recover`` (:class:`~.recover.MegatronRecovery`). A survivor that caught a lost peer holds its groups,
+says who it is (:class:`ft_plugins.recovery.Member`) and waits ``wait`` seconds, not ``recover``'s timeout, for
+the launcher's replacement. None came (a node lost for good): the survivors agree on who goes on
+(:func:`ft_plugins.recovery.members`, :func:`ft_plugins.recovery.going_on`): every rank of a model replica that
+lost one is dropped, the others are numbered again in their order, so that the i-th smallest old rank becomes rank
+i, which is Megatron's own layout at the smaller data-parallel size. Megatron's groups are built for the new world
+(:mod:`.regroup`); what Megatron computes from the data-parallel size when it builds a job is set again (the
+gradient buffers' scaling before the reduction, the micro-batch calculator, the arguments); the state of the
+newest completed step K goes to every rank that lacks it (:mod:`.handover`); the data iterators are built again by
+Megatron at K's consumed samples; and training goes on at K + 1 with the global batch kept (more micro-batches
+per rank). That is what Megatron's own resume at the smaller size from a save of K does, without a process
+restarted or a file read.
+
+Not yet, each refused at the start in one line (a lost node with no replacement then takes ``recover``'s
+fallback: ttp's dump, and torchrun's restart at the size left): Megatron's distributed optimizer (its shards must
+be laid out again), context or expert parallelism, virtual pipeline stages, a batch-size ramp-up, one replica. A
+global batch the smaller size does not divide is refused at the fault, with the sizes that divide it said at the
+start. After a scale-in, a further loss takes that fallback; growing back (scale-out) is not implemented.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any, Callable
+
+from ft_plugins import events
+from ft_plugins.features.elastic import Elastic
+from ft_plugins.features.recover import Recover
+from ft_plugins.patching import Patch
+from ft_plugins.rank import on_rank_zero
+from ft_plugins.recovery import NODES, Fallback, Late, Member, Standing, going_on, key, members
+from ft_plugins.torch.megatron.recover import MegatronRecovery
+from ft_plugins.torch.megatron.state import TRAINING, megatron
+from ft_plugins.torch.megatron.ttp import MegatronTtp
+
+log = logging.getLogger("ft_plugins.elastic")
+
+
+def unscalable(megatron_args: Any) -> str:
+    """Why this run cannot go on at a smaller data-parallel size in place ("" when it can)."""
+    if getattr(megatron_args, "use_distributed_optimizer", False):
+        return ("Megatron's distributed optimizer: laying its shards out again for a smaller data-parallel size is "
+                "not implemented yet")
+    if (getattr(megatron_args, "context_parallel_size", 1) or 1) > 1:
+        return "context parallelism (--context-parallel-size): its groups are not resized yet"
+    if (getattr(megatron_args, "num_experts", None) or 0) > 1:
+        return "mixture of experts: the expert data-parallel groups are not resized yet"
+    if getattr(megatron_args, "virtual_pipeline_model_parallel_size", None):
+        return "virtual pipeline stages: their data iterators are not built again yet"
+    if getattr(megatron_args, "rampup_batch_size", None):
+        return "a batch-size ramp-up (--rampup-batch-size): its calculator is not resized yet"
+    if megatron_args.data_parallel_size < 2:
+        return "one data-parallel replica: a lost rank leaves no replica to go on with"
+    return ""
+
+
+def smaller_sizes(megatron_args: Any) -> list[int]:
+    """The data-parallel sizes below this run's at which its global batch is kept exactly (whole micro-batches)."""
+    per_replica = megatron_args.micro_batch_size
+    return [size for size in range(megatron_args.data_parallel_size - 1, 0, -1)
+            if megatron_args.global_batch_size % (per_replica * size) == 0]
+
+
+def relayout(model: list[Any], size: int) -> None:
+    """Megatron's DDP as it builds it at data-parallel size ``size`` (without the distributed optimizer its buffers'
+    layout does not depend on the size): the scaling of the gradients before their reduction, ``1/size`` unless it
+    is 1 (averaged in the collective, or a per-token loss)."""
+    for chunk in model:
+        for buffer in (*chunk.buffers, *getattr(chunk, "expert_parallel_buffers", ())):
+            buffer.data_parallel_world_size = buffer.data_parallel_group.size()
+            if buffer.gradient_scaling_factor != 1.0:
+                buffer.gradient_scaling_factor = 1.0 / size
+            for bucket in buffer.buckets:
+                bucket.gradient_scaling_factor = buffer.gradient_scaling_factor
+
+
+class MegatronElastic(MegatronRecovery):
+    """``recover``'s worker side, going on at a smaller data-parallel size when no replacement comes."""
+
+    def __init__(self, feature: Recover, ttp: MegatronTtp, elastic: Elastic) -> None:
+        super().__init__(feature, ttp)
+        self.elastic = elastic
+        self.data: tuple[tuple, dict] | None = None  # build_train_valid_test_data_iterators' arguments
+        self.member: Member | None = None  # this rank, as the survivors of a loss must know it
+        self.cannot = ""  # why this run cannot scale in
+        self.resized = 0  # the data-parallel size a scale-in under way goes to
+
+    def patches(self) -> tuple[Patch, ...]:
+        return (*super().patches(), Patch(TRAINING, "build_train_valid_test_data_iterators", self.data_iterators))
+
+    def data_iterators(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        """Megatron's iterators, built as pretrain builds them: built again at a scale-in."""
+        self.data = (args, kwargs)
+        return wrapped(*args, **kwargs)
+
+    def train(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        import torch.distributed as dist
+
+        megatron_args = megatron("training.global_vars").get_args()
+        self.cannot = unscalable(megatron_args) or ("" if self.data else "Megatron's data iterators were built "
+                                                    "outside pretrain's build_train_valid_test_data_iterators")
+        if self.cannot:
+            on_rank_zero(log.warning, "elastic: this run cannot go on at a smaller data-parallel size: %s; a lost "
+                         "rank with no replacement takes recover's fallback", self.cannot)
+        else:
+            replica = dist.get_process_group_ranks(megatron("core.parallel_state").get_model_parallel_group())
+            self.member = Member(dist.get_rank(), int(os.environ.get("GROUP_RANK", "0")), tuple(replica))
+            sizes = smaller_sizes(megatron_args)
+            on_rank_zero(log.info, "elastic: a lost rank not replaced within %.0f s: its model replica is dropped and "
+                         "training goes on in place; the global batch %d is kept at data-parallel size%s %s",
+                         self.elastic.settings["wait"], megatron_args.global_batch_size, "s" if len(sizes) > 1 else "",
+                         ", ".join(map(str, sizes)) or "none (every smaller size takes recover's fallback)")
+        return super().train(wrapped, instance, args, kwargs)
+
+    # -- the scale-in ------------------------------------------------------------------------------
+    def _replaced(self, generation: int, standing: Standing, rank: int, world: int) -> tuple[int, int]:
+        if self.member is None or self.refusal:
+            return super()._replaced(generation, standing, rank, world)
+        self._store().set(key(generation, f"member/{rank}"), self.member.encode())
+        try:
+            self._await(generation, ["lost"], "the launcher's announcement of a replacement",
+                        self.elastic.settings["wait"])
+        except Late:
+            return self._scale_in(generation, rank, world)
+        return super()._replaced(generation, standing, rank, world)
+
+    def _scale_in(self, generation: int, rank: int, world: int) -> tuple[int, int]:
+        """Who goes on, and this rank's place among them; Fallback where the job cannot go on so."""
+        found = members(self._waiting_store(), generation, world, self.timeout)
+        if rank not in found:
+            raise Fallback(f"rank {rank} came after the survivors had agreed to go on without a replacement")
+        stay, why = going_on(found, world)
+        if why:
+            raise Fallback(why)
+        megatron_args = megatron("training.global_vars").get_args()
+        size = len(stay) // len(self.member.replica)
+        if size not in smaller_sizes(megatron_args) and not megatron_args.decrease_batch_size_if_needed:
+            raise Fallback(f"the global batch {megatron_args.global_batch_size} is not a whole number of micro-batches "
+                           f"of {megatron_args.micro_batch_size} at data-parallel size {size}")
+        if rank == stay[0]:
+            self._store().set(NODES, json.dumps(sorted({found[member].node for member in stay})))
+        lost = sorted(set(range(world)) - set(found))
+        self.resized = size
+        change = f"generation {generation}: data-parallel {megatron_args.data_parallel_size} -> {size}"
+        if rank == stay[0]:
+            self.elastic.changes.append(change)
+            log.warning("elastic: no replacement within %.0f s for rank%s %s: %d ranks go on at data-parallel size %d "
+                        "(was %d), the global batch %d kept", self.elastic.settings["wait"], "s" if len(lost) > 1 else "",
+                        ", ".join(map(str, lost)), len(stay), size, megatron_args.data_parallel_size,
+                        megatron_args.global_batch_size)
+        events.emit("scale_in", generation=generation, lost=lost, world=len(stay), data_parallel=size,
+                    before=megatron_args.data_parallel_size)
+        return stay.index(rank), len(stay)
+
+    def _rebuilt(self) -> None:
+        """Megatron's groups stand at the new size: set what Megatron computed from the old one."""
+        if not self.resized:
+            return
+        import torch.distributed as dist
+
+        megatron_args = megatron("training.global_vars").get_args()
+        megatron_args.rank, megatron_args.world_size = dist.get_rank(), dist.get_world_size()
+        megatron_args.data_parallel_size = self.resized
+        relayout(self.objects[0], self.resized)
+        megatron("core.num_microbatches_calculator").reconfigure_num_microbatches_calculator(
+            dist.get_rank(), megatron_args.rampup_batch_size, megatron_args.global_batch_size,
+            megatron_args.micro_batch_size, self.resized, megatron_args.decrease_batch_size_if_needed)
+
+    def _resumed(self, consumed: int) -> None:
+        """Every rank stands at K: Megatron builds the data iterators again at K's samples, at the new size."""
+        if not self.resized:
+            return
+        started = time.monotonic()
+        megatron_args = megatron("training.global_vars").get_args()
+        counted, megatron_args.consumed_train_samples = megatron_args.consumed_train_samples, consumed
+        try:
+            args, kwargs = self.data
+            iterator = megatron("training.training").build_train_valid_test_data_iterators(*args, **kwargs)[0]
+        finally:
+            megatron_args.consumed_train_samples = counted  # the loop counts a step a peer completed itself
+        self.batches.source, self.batches.fetched, self.batches.replay = iterator, [], []
+        self.resized = 0
+        self.refusal = "the job scaled in already: a further loss is not repaired in place yet"
+        self._publish_refusal()
+        log.info("elastic: rank %d reads on from sample %d at data-parallel size %d (%.2f s)", megatron_args.rank,
+                 consumed, megatron_args.data_parallel_size, time.monotonic() - started)

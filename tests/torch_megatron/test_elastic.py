@@ -1,0 +1,153 @@
+"""Elastic training (``elastic``): a node lost for good, the survivors go on in place at the smaller data-parallel
+size, bit for bit what Megatron's own resume at that size gives from a save of the last completed step.
+
+Two torchrun agents as two nodes of 2 ranks (``--nnodes 1:2``, c10d rendezvous, each under ``ft-plugins run``),
+Megatron's ``pretrain()`` on CPU (gloo), the ordinary optimizer. Rank 2 stands still in step 3 and its node is
+SIGKILLed whole (agent and workers): no replacement can come.
+
+- DP=4 -> 2: the survivors go on after ``FT_PLUGINS_ELASTIC_WAIT`` seconds; the saves of steps 3 (Megatron's own,
+  at the change of micro-batches per rank) and 6 equal, bit for bit (model, optimizer, scheduler, RNG, counters),
+  those of Megatron's own resume at DP=2 from the uninterrupted DP=4 run's save of step 2; they differ from that
+  run's own (the arithmetic at DP=2 is another: the comparison can fail). Every step read exactly its global batch
+  (criterion S2): samples ``[(s-1)·G, s·G)``, each once, at the size that completed it.
+- TP=2 x DP=2 -> TP=2 x DP=1 in bf16 (fp32 main parameters): the lost node held one whole model replica; both
+  tensor-parallel shards of the final save equal Megatron's own resume at TP=2 x DP=1.
+- Without ``elastic`` (negative control), the same loss: the survivors wait for a replacement until recover's
+  timeout, then dump step 2 and the job ends; step 3 is never trained.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from elastic_runs import Nodes, two_nodes
+from ttp_runs import DP4, ITERS, SHARDS, TP, Job, Launch, differences
+
+COMPLETED = 2  # steps completed when the node is lost (rank 2 stands still in step 3)
+LOSS = {"FT_PLUGINS_INJECT_FAULT": f"rank=2,step={COMPLETED},kind=stuck"}
+ELASTIC = {"FT_PLUGINS": "ttp,recover,elastic", "FT_PLUGINS_ELASTIC_WAIT": "3", **LOSS}
+BATCH = 4  # the global batch: DP4's, and the TP runs' (micro-batches of 2)
+DP2 = Launch(2, DP4.args)
+TP_ALONE = Launch(2, TP.args, TP.env)  # TP=2 x DP=1
+
+
+def _megatron_resume(reference: Job, launch: Launch, workdir: Path, *args: str) -> Job:
+    """Megatron's own resume at ``launch``'s size from ``reference``'s save of step COMPLETED, to the end, saving
+    every step (no ft_plugins)."""
+    load = workdir / "load"
+    shutil.copytree(reference.iteration(COMPLETED), load / reference.iteration(COMPLETED).name)
+    (load / "latest_checkpointed_iteration.txt").write_text(str(COMPLETED))
+    job = launch.run(workdir, "--load", str(load), "--save-interval", "1", *args, save=workdir / "ckpt",
+                     FT_PLUGINS="none")
+    assert job.returncode == 0, job.output[-3000:]
+    return job
+
+
+@pytest.fixture(scope="module")
+def scaled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Nodes, Path]:
+    workdir = tmp_path_factory.mktemp("scaled")
+    samples = workdir / "samples"
+    return two_nodes(workdir, "--train-iters", str(ITERS), "--ft-sample-log", str(samples), lose=2, **ELASTIC), samples
+
+
+@pytest.fixture(scope="module")
+def resumed_at_dp2(dp4_reference: Job, tmp_path_factory: pytest.TempPathFactory) -> Job:
+    return _megatron_resume(dp4_reference, DP2, tmp_path_factory.mktemp("resumed_at_dp2"))
+
+
+@pytest.fixture(scope="module")
+def tp_scaled(tmp_path_factory: pytest.TempPathFactory) -> Nodes:
+    return two_nodes(tmp_path_factory.mktemp("tp_scaled"), "--train-iters", str(ITERS), *TP.args,
+                     "--micro-batch-size", "2", "--bf16", lose=2, **dict(TP.env), **ELASTIC)
+
+
+@pytest.fixture(scope="module")
+def waited(tmp_path_factory: pytest.TempPathFactory) -> Nodes:
+    """The same loss without ``elastic``."""
+    return two_nodes(tmp_path_factory.mktemp("waited"), "--train-iters", str(ITERS), lose=2,
+                     FT_PLUGINS="ttp,recover", FT_PLUGINS_RECOVER_TIMEOUT="10", **LOSS)
+
+
+def test_a_lost_node_the_survivors_train_on_at_half_the_size_in_place(scaled: tuple[Nodes, Path]) -> None:
+    nodes, _ = scaled
+    assert nodes.codes[0] == 0, nodes.outputs[0][-5000:]
+    assert nodes.job.lines("elastic: no replacement within 3 s for ranks 2, 3: 2 ranks go on at data-parallel size 2 "
+                           "(was 4), the global batch 4 kept")
+    assert re.search(rf"rank 0 repaired generation 1 in [\d.]+ s: every rank stands at step {COMPLETED}", nodes.job.output)
+    for step in range(1, ITERS + 1):  # no step lost, none twice
+        assert len(nodes.job.lines(f"iteration        {step}/       {ITERS}")) == 1, step
+    assert not nodes.job.lines("loading checkpoint"), "no checkpoint read"
+    assert not nodes.job.lines("falling back to ttp's dump")
+    assert nodes.job.lines("elastic: torchrun's exit barrier waits for the 1 node left after the scale-in")
+
+
+def test_the_scaled_in_run_is_megatrons_own_resume_at_the_smaller_size_bit_for_bit(
+        scaled: tuple[Nodes, Path], resumed_at_dp2: Job, dp4_reference: Job) -> None:
+    nodes, _ = scaled
+    model = "mp_rank_00/model_optim_rng.pt"
+    saved = sorted(path.name for path in nodes.job.save.glob("iter_*"))
+    assert saved == [f"iter_{COMPLETED + 1:07d}", f"iter_{ITERS:07d}"], saved  # Megatron's save at 1 -> 2 micro-batches
+    for step in (COMPLETED + 1, ITERS):
+        assert differences(nodes.job.iteration(step) / model, resumed_at_dp2.iteration(step) / model) == [], step
+    assert differences(nodes.job.iteration(ITERS) / model, dp4_reference.iteration(ITERS) / model), \
+        "DP=2 and DP=4 sum the gradients in another order: equal to the DP=4 run would mean nothing was compared"
+
+
+def test_every_step_read_exactly_its_global_batch_at_the_size_that_completed_it(scaled: tuple[Nodes, Path]) -> None:
+    _, samples = scaled
+    reads: dict[tuple[int, int], list[int]] = defaultdict(list)  # (step, world size) -> samples read
+    for path in samples.glob("pid_*.txt"):
+        for line in path.read_text().splitlines():
+            step, world, _, *indices = map(int, line.split())
+            reads[step, world] += indices
+    for step in range(1, ITERS + 1):
+        world = 4 if step <= COMPLETED else 2
+        assert sorted(reads.pop((step, world))) == list(range((step - 1) * BATCH, step * BATCH)), step
+    aborted = reads.pop((COMPLETED + 1, 4), [])  # the survivors' reads of step 3 before the loss: read again
+    assert set(aborted) <= set(range(COMPLETED * BATCH, (COMPLETED + 1) * BATCH)) and not reads, (aborted, reads)
+
+
+def test_the_scale_in_is_an_event(scaled: tuple[Nodes, Path]) -> None:
+    nodes, _ = scaled
+    found = [json.loads(line) for path in (nodes.job.save / "ft_events").glob("*-worker.jsonl")
+             for line in path.read_text().splitlines() if '"scale_in"' in line]
+    assert found and {(event["before"], event["data_parallel"], tuple(event["lost"])) for event in found} == {
+        (4, 2, (2, 3))}, found
+
+
+def test_the_report_shows_the_scale_in_and_the_throughput_at_each_size(scaled: tuple[Nodes, Path]) -> None:
+    nodes, _ = scaled
+    report = subprocess.run([sys.executable, "-m", "ft_plugins.cli", "report", "--json", str(nodes.job.save)],
+                            capture_output=True, text=True)
+    assert report.returncode == 0, report.stderr
+    found = json.loads(report.stdout)
+    assert [fault["how"] for fault in found["faults"]] == ["hang kill, scale-in 4 -> 2"], found["faults"]
+    assert [(size["data_parallel"], size["steps"]) for size in found["sizes"]] == [(4, COMPLETED),
+                                                                                   (2, ITERS - COMPLETED - 1)]
+    assert found["faults"][0]["steps_lost"] == 0
+
+
+def test_tensor_parallel_shards_in_bf16_kept_while_the_data_parallel_size_halves(
+        tp_scaled: Nodes, tmp_path_factory: pytest.TempPathFactory) -> None:
+    assert tp_scaled.codes[0] == 0, tp_scaled.outputs[0][-5000:]
+    assert tp_scaled.job.lines("2 ranks go on at data-parallel size 1 (was 2)")
+    reference = TP.reference(tmp_path_factory.mktemp("tp_bf16_reference"), "--bf16")
+    resumed = _megatron_resume(reference, TP_ALONE, tmp_path_factory.mktemp("resumed_at_tp2_dp1"), "--bf16")
+    for shard in SHARDS:
+        model = f"{shard}/model_optim_rng.pt"
+        assert differences(tp_scaled.job.iteration(ITERS) / model, resumed.iteration(ITERS) / model) == [], shard
+
+
+def test_without_elastic_the_same_loss_waits_for_a_replacement_then_ends_in_the_dump(waited: Nodes) -> None:
+    assert waited.codes[0] != 0
+    assert waited.job.lines("the launcher's announcement of a replacement did not come within 10 s; falling back")
+    assert waited.job.tracker() == str(COMPLETED)  # the dump of step 2
+    assert not waited.job.lines(f"iteration        {COMPLETED + 1}/       {ITERS}")
