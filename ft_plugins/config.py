@@ -21,6 +21,7 @@ STRICT_VAR = "FT_PLUGINS_STRICT"
 LOG_VAR = "FT_PLUGINS_LOG"
 INJECT_VAR = "FT_PLUGINS_INJECT_FAULT"  # fire drills: parsed by ft_plugins.faults
 RECOVERY_VAR = "FT_PLUGINS_RECOVERY"  # set by recover's launcher side for its workers: ft_plugins.recovery
+ROUND_VAR = "FT_PLUGINS_ROUND"  # the same, for each set of workers: torchrun's rendezvous round
 PROGRESS_VAR = "FT_PLUGINS_PROGRESS"  # set by the launcher that watches for hangs: ft_plugins.progress
 EVENTS_VAR = "FT_PLUGINS_EVENTS_DIR"  # where every process writes its events: ft_plugins.events
 EVENTS_JOB_VAR = "FT_PLUGINS_EVENTS_JOB"  # the job's name in them, set by ft-plugins run for its workers
@@ -201,7 +202,7 @@ def load(
         name: {option.name: option.default for option in options} for name, options in features.items()
     }
     for var, raw in env.items():
-        if not var.startswith(PREFIX) or var in (STRICT_VAR, LOG_VAR, INJECT_VAR, RECOVERY_VAR, PROGRESS_VAR,
+        if not var.startswith(PREFIX) or var in (STRICT_VAR, LOG_VAR, INJECT_VAR, RECOVERY_VAR, ROUND_VAR, PROGRESS_VAR,
                                                  EVENTS_VAR, EVENTS_JOB_VAR, GRACE_VAR, GRACE_FOLLOWS_VAR,
                                                  GRACE_MAX_VAR):
             continue

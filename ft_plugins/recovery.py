@@ -38,7 +38,7 @@ import time
 from datetime import timedelta
 from typing import Any, Callable, Mapping, NamedTuple
 
-from ft_plugins.config import RECOVERY_VAR, RESTART_VAR
+from ft_plugins.config import RECOVERY_VAR, RESTART_VAR, ROUND_VAR
 
 PREFIX = "ft_plugins/recover"
 REFUSED = "refused"  # a worker's reason, set at the start, why no lost rank of this run can be replaced
@@ -92,15 +92,17 @@ def replacement_value(generation: int, life: int) -> str:
     return f"{generation},{life}"
 
 
-def namespace(run_id: str, attempt: int) -> str:
-    """The protocol's keys on torchrun's store, per job and per torchrun restart attempt: after a whole-job
-    restart (``--max-restarts``) the protocol starts afresh, its generations counted from 0 again."""
-    return f"{PREFIX}/{run_id or 'none'}/{attempt}/"
+def namespace(run_id: str, attempt: int, round_: int = 0) -> str:
+    """The protocol's keys on torchrun's store, per job and per set of workers torchrun started (its restart
+    ``attempt`` and rendezvous round ``round_``): after a whole-job restart (``--max-restarts``) or a change of nodes
+    (``--nnodes MIN:MAX``) the protocol starts afresh, its generations counted from 0 again."""
+    return f"{PREFIX}/{run_id or 'none'}/{attempt}/" + (f"r{round_}/" if round_ else "")
 
 
 def worker_namespace(env: Mapping[str, str]) -> str:
-    """:func:`namespace` as a worker knows it, from torchrun's variables."""
-    return namespace(env.get("TORCHELASTIC_RUN_ID", ""), int(env.get(RESTART_VAR, "0") or 0))
+    """:func:`namespace` as a worker knows it, from torchrun's variables and the launcher's round."""
+    return namespace(env.get("TORCHELASTIC_RUN_ID", ""), int(env.get(RESTART_VAR, "0") or 0),
+                     int(env.get(ROUND_VAR, "0") or 0))
 
 
 def connect(env: Mapping[str, str], timeout: float) -> Any:

@@ -22,8 +22,9 @@ from support import path_first
 from test_spares import TEMPLATE, _ready, adoptions_undone, python_exec  # noqa: F401  (autouse fixtures)
 
 from ft_plugins.launch import spare
-from ft_plugins.launch.recover import Forked, Supervisor
+from ft_plugins.launch.recover import Supervisor
 from ft_plugins.launch.replacement import Replacement
+from ft_plugins.launch.spares import Forked
 
 ENOSYS = """import errno, os
 def pidfd_open(pid, flags=0):

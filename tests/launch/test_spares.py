@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from ft_plugins.launch.process import reap_adopted
-from ft_plugins.launch.recover import Spares, Supervisor
+from ft_plugins.launch.recover import Supervisor
+from ft_plugins.launch.spares import Spares
 from ft_plugins.processes import status
 from ft_plugins.recovery import key
 
@@ -330,9 +331,9 @@ def test_a_command_torchrun_runs_without_python_gets_no_spares_said_once(caplog:
 
 def test_a_wedged_template_is_stopped_and_a_fresh_process_takes_over(launcher: Spares,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    import ft_plugins.launch.recover as recover
+    import ft_plugins.launch.spares as spares
 
-    monkeypatch.setattr(recover, "ANSWER", 0.5)
+    monkeypatch.setattr(spares, "ANSWER", 0.5)
     os.kill(launcher.template.pid, signal.SIGSTOP)  # it reads no request
     assert launcher.take({"RANK": "2"}, 2) is None
     assert launcher.template.wait(timeout=30) == -signal.SIGKILL

@@ -14,6 +14,10 @@ SIGKILLed whole (agent and workers): no replacement can come.
   tensor-parallel shards of the final save equal Megatron's own resume at TP=2 x DP=1.
 - Without ``elastic`` (negative control), the same loss: the survivors wait for a replacement until recover's
   timeout, then dump step 2 and the job ends; step 3 is never trained.
+- The lost node comes back after the scale-in (while rank 0 stands in the save of step 3): torchrun's agent stops
+  its two workers, which dump step 3 (SIGTERM), and starts the job again at DP=4 with the node back, from that dump;
+  the end is bit for bit Megatron's own resume at DP=4 from Megatron's own save of step 3 at DP=2. A rank killed
+  after that is replaced in place again (the protocol starts afresh with each set of workers torchrun starts).
 """
 
 from __future__ import annotations
@@ -70,6 +74,19 @@ def tp_scaled(tmp_path_factory: pytest.TempPathFactory) -> Nodes:
 
 
 @pytest.fixture(scope="module")
+def regrown(tmp_path_factory: pytest.TempPathFactory) -> tuple[Nodes, Path]:
+    """Scaled in at step 3, the node back while rank 0 stands in Megatron's save of step 3 (at the change of
+    micro-batches), rank 1 killed in step 5 of the job grown back."""
+    workdir = tmp_path_factory.mktemp("regrown")
+    faults = (f"{LOSS['FT_PLUGINS_INJECT_FAULT']};rank=0,step={COMPLETED + 1},kind=slow,at=save,seconds=120;"
+              f"rank=1,step={COMPLETED + 2},kind=kill")
+    nodes = two_nodes(workdir, "--train-iters", str(ITERS), "--load", str(workdir / "ckpt"), "--ft-sample-log",
+                      str(workdir / "samples"), lose=2, rejoin=f"firing injected fault rank=0,step={COMPLETED + 1}",
+                      **{**ELASTIC, "FT_PLUGINS_INJECT_FAULT": faults})
+    return nodes, workdir / "samples"
+
+
+@pytest.fixture(scope="module")
 def waited(tmp_path_factory: pytest.TempPathFactory) -> Nodes:
     """The same loss without ``elastic``."""
     return two_nodes(tmp_path_factory.mktemp("waited"), "--train-iters", str(ITERS), lose=2,
@@ -101,13 +118,19 @@ def test_the_scaled_in_run_is_megatrons_own_resume_at_the_smaller_size_bit_for_b
         "DP=2 and DP=4 sum the gradients in another order: equal to the DP=4 run would mean nothing was compared"
 
 
-def test_every_step_read_exactly_its_global_batch_at_the_size_that_completed_it(scaled: tuple[Nodes, Path]) -> None:
-    _, samples = scaled
-    reads: dict[tuple[int, int], list[int]] = defaultdict(list)  # (step, world size) -> samples read
+def _reads(samples: Path) -> dict[tuple[int, int], list[int]]:
+    """(step, world size) -> the samples read in it at that size (``--ft-sample-log``), every attempt's."""
+    reads: dict[tuple[int, int], list[int]] = defaultdict(list)
     for path in samples.glob("pid_*.txt"):
         for line in path.read_text().splitlines():
             step, world, _, *indices = map(int, line.split())
             reads[step, world] += indices
+    return reads
+
+
+def test_every_step_read_exactly_its_global_batch_at_the_size_that_completed_it(scaled: tuple[Nodes, Path]) -> None:
+    _, samples = scaled
+    reads = _reads(samples)
     for step in range(1, ITERS + 1):
         world = 4 if step <= COMPLETED else 2
         assert sorted(reads.pop((step, world))) == list(range((step - 1) * BATCH, step * BATCH)), step
@@ -151,3 +174,38 @@ def test_without_elastic_the_same_loss_waits_for_a_replacement_then_ends_in_the_
     assert waited.job.lines("the launcher's announcement of a replacement did not come within 10 s; falling back")
     assert waited.job.tracker() == str(COMPLETED)  # the dump of step 2
     assert not waited.job.lines(f"iteration        {COMPLETED + 1}/       {ITERS}")
+
+
+def test_the_node_back_the_job_grows_back_from_the_dump_and_repairs_in_place_again(regrown: tuple[Nodes, Path]) -> None:
+    nodes, _ = regrown
+    assert nodes.codes == (0, -9, 0), nodes.outputs[0][-5000:]
+    assert nodes.job.lines("2 ranks go on at data-parallel size 2 (was 4)")
+    assert nodes.job.lines(f"dumped mp_rank_00 of iteration {COMPLETED + 1} in")
+    assert nodes.job.lines(f"loading checkpoint from {nodes.job.save} at iteration {COMPLETED + 1}")
+    assert re.search(rf"rank 0 repaired generation 1 in [\d.]+ s: every rank stands at step {COMPLETED + 2}",
+                     nodes.job.output), "a loss in the job grown back is repaired in place"
+    for step in range(COMPLETED + 2, ITERS + 1):
+        assert len(nodes.job.lines(f"iteration        {step}/       {ITERS}")) == 1, step
+
+
+def test_grown_back_it_is_megatrons_own_resume_at_the_full_size_bit_for_bit(
+        regrown: tuple[Nodes, Path], resumed_at_dp2: Job, tmp_path_factory: pytest.TempPathFactory) -> None:
+    nodes, _ = regrown
+    model, scaled_out = "mp_rank_00/model_optim_rng.pt", COMPLETED + 1
+    assert differences(nodes.job.iteration(scaled_out) / model, resumed_at_dp2.iteration(scaled_out) / model) == []
+    workdir = tmp_path_factory.mktemp("resumed_at_dp4")
+    load = workdir / "load"
+    shutil.copytree(resumed_at_dp2.iteration(scaled_out), load / resumed_at_dp2.iteration(scaled_out).name)
+    (load / "latest_checkpointed_iteration.txt").write_text(str(scaled_out))
+    grown = DP4.run(workdir, "--load", str(load), "--save-interval", "1", save=workdir / "ckpt", FT_PLUGINS="none")
+    assert grown.returncode == 0, grown.output[-3000:]
+    assert differences(nodes.job.iteration(ITERS) / model, grown.iteration(ITERS) / model) == []
+
+
+def test_grown_back_every_step_read_its_global_batch_at_the_size_that_completed_it(
+        regrown: tuple[Nodes, Path]) -> None:
+    _, samples = regrown
+    reads = _reads(samples)
+    for step in range(1, ITERS + 1):
+        world = 2 if step == COMPLETED + 1 else 4
+        assert set(reads[step, world]) == set(range((step - 1) * BATCH, step * BATCH)), step  # step 5 read twice

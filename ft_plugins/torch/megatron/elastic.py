@@ -18,7 +18,9 @@ Not yet, each refused at the start in one line (a lost node with no replacement 
 fallback: ttp's dump, and torchrun's restart at the size left): Megatron's distributed optimizer (its shards must
 be laid out again), context or expert parallelism, virtual pipeline stages, a batch-size ramp-up, one replica. A
 global batch the smaller size does not divide is refused at the fault, with the sizes that divide it said at the
-start. After a scale-in, a further loss takes that fallback; growing back (scale-out) is not implemented.
+start. After a scale-in, a further loss takes that fallback. Growing back is torchrun's restart when the lost node
+returns (the workers dump on SIGTERM and the job resumes at the full size: :class:`.regroup.Regroup` keeps the new
+workers' keys apart from the old ones'); not in place yet.
 """
 
 from __future__ import annotations

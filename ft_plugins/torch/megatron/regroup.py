@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, Callable, Iterable, Iterator
 
+from ft_plugins.config import ROUND_VAR
 from ft_plugins.patching import Patch
 from ft_plugins.torch.megatron.state import megatron
 
@@ -98,6 +99,10 @@ class Regroup:
         if self.fake:  # a replacement before it joined: collectives held
             kwargs = {**kwargs, "backend": "fake", "store": kwargs.get("store") or _hash_store()}
             return wrapped(**{k: v for k, v in kwargs.items() if k != "device_id"})
+        rendezvous = int(os.environ.get(ROUND_VAR, "0") or 0)
+        if rendezvous and kwargs.get("store") is None and len(args) < 2 and kwargs.get("world_size", -1) > 0:
+            kwargs = {**kwargs, "store": _round_store(rendezvous, kwargs["rank"], kwargs["world_size"],
+                                                      kwargs.get("timeout") or self.timeout)}
         return self._recording(wrapped, args, kwargs)
 
     def new_group(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -273,6 +278,17 @@ def _shut_down(links: set[str]) -> None:
                     connection.shutdown(socket.SHUT_RDWR)
         except OSError:
             continue
+
+
+def _round_store(rendezvous: int, rank: int, world: int, timeout: timedelta) -> Any:
+    """torchrun's store for the workers, under a prefix of their rendezvous round. torch names the workers' keys by
+    the restart count alone, which a change of nodes (``--nnodes MIN:MAX``) keeps: the workers of a later round
+    would read the peer addresses an earlier round's left, and gloo connect to processes that are gone."""
+    from torch.distributed import PrefixStore
+    from torch.distributed.rendezvous import rendezvous as env_rendezvous
+
+    store, _, _ = next(env_rendezvous("env://", rank, world, timeout=timeout))
+    return PrefixStore(f"round_{rendezvous}/", store)
 
 
 def _hash_store() -> Any:
