@@ -19,7 +19,10 @@ def register(subparsers: Any) -> None:
                         help="label value (default: grace where the label is missing)")
     parser.add_argument("--no-pod-rescheduling", action="store_true", help='do not add pod-rescheduling: "on"')
     parser.add_argument("--fault-retry-times", type=int, metavar="N")
-    parser.add_argument("--wait-reschedule-timeout", type=int, metavar="SECONDS", help="30 to 270")
+    parser.add_argument("--wait-reschedule-timeout", type=int, metavar="SECONDS",
+                        help="30 to 270; with elastic-training also the survivors' wait (FT_PLUGINS_ELASTIC_WAIT)")
+    parser.add_argument("--mindio-wait-mindx-time", type=int, metavar="SECONDS",
+                        help="1 to 3600: MINDIO_WAIT_MINDX_TIME of every training container, with elastic-training")
     parser.add_argument("--save", metavar="DIR", help="the job's save directory: terminationGracePeriodSeconds covers "
                                                       "the dump time its saves measured (raised, never lowered)")
     parser.add_argument("--termination-grace", type=int, metavar="SECONDS",
@@ -38,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
             fault_retry_times=args.fault_retry_times,
             wait_reschedule_timeout=(k8s.validate_timeout(args.wait_reschedule_timeout)
                                      if args.wait_reschedule_timeout is not None else None),
+            mindio_wait=(k8s.validate_mindio_wait(args.mindio_wait_mindx_time)
+                         if args.mindio_wait_mindx_time is not None else None),
             termination_grace=_termination_grace(args))
     except ValueError as exc:
         print(f"ft-plugins k8s: {exc}", file=sys.stderr)

@@ -4,7 +4,8 @@ Port 9601 named ``taskd-port`` on every training container (AscendJob: the ``asc
 each replica spec; Volcano Job: every container of every task); the ``fault-scheduling`` /
 ``pod-rescheduling`` / ``fault-retry-times`` labels and the ``recover-strategy`` /
 ``wait-reschedule-timeout`` annotations on the job's metadata; ``TTP_PORT``, ``POD_IP`` and port 8000
-``ttp-port`` when a strategy dumps or recovers; with ``--save``/``--termination-grace`` every pod's
+``ttp-port`` when a strategy dumps or recovers; with ``elastic-training``, ``MINDIO_WAIT_MINDX_TIME`` and
+``FT_PLUGINS_ELASTIC_WAIT`` (the survivors' wait for a replacement: the wait-reschedule-timeout); with ``--save``/``--termination-grace`` every pod's
 ``terminationGracePeriodSeconds``. ruamel.yaml only *locates* (a load + dump rewrites
 booleans, flow lists, spacing and line ends); each edit is written into the original text, so
 everything else stays byte for byte, CRLF, a missing final newline and other documents included,
@@ -23,6 +24,8 @@ FAULT_SCHEDULING = ("grace", "force")
 TASKD_PORT, TASKD_PORT_NAME = 9601, "taskd-port"
 TTP_PORT, TTP_PORT_NAME = 8000, "ttp-port"
 RESCHEDULE_TIMEOUT = (30, 270)
+MINDIO_WAIT = (1, 3600)  # MINDIO_WAIT_MINDX_TIME, seconds (MindIO's controller.cpp); >= 60 advised for elastic-training
+ELASTIC = "elastic-training"
 GRACE_KEY = "terminationGracePeriodSeconds"
 
 
@@ -43,6 +46,7 @@ class Options:
     pod_rescheduling: bool = True
     fault_retry_times: int | None = None
     wait_reschedule_timeout: int | None = None
+    mindio_wait: int | None = None  # MINDIO_WAIT_MINDX_TIME of every training container, with elastic-training
     # terminationGracePeriodSeconds of every pod: (seconds, override) — an estimate raises a shorter one only
     termination_grace: tuple[int, bool] | None = None
 
@@ -321,9 +325,12 @@ def edit(text: str, options: Options) -> tuple[str, list[str]]:
         except (AttributeError, TypeError, KeyError, IndexError, ValueError) as exc:  # a shape not foreseen above
             raise JobFileRefused(f"{where}: written in a shape this command cannot edit safely ({type(exc).__name__}: "
                                  f"{exc}); add the settings by hand (see 'ft-plugins k8s --help')") from None
-    if "elastic-training" in options.recover_strategy:
+    if ELASTIC in options.recover_strategy and options.mindio_wait is None:
         notes.append("elastic-training also needs MINDIO_WAIT_MINDX_TIME in each training container's env "
-                     "(not added: choose the wait for your cluster)")
+                     "(not added: choose the wait for your cluster, --mindio-wait-mindx-time SECONDS)")
+    elif ELASTIC in options.recover_strategy and options.mindio_wait < 60 and "recover" not in options.recover_strategy:
+        notes.append(f"MINDIO_WAIT_MINDX_TIME {options.mindio_wait}: MindCluster advises at least 60 s for "
+                     "elastic-training without process-level recovery (recover)")
     result = newline.join(edits.apply() + ([""] if final_newline else []))
     try:  # never print a file that no longer reads as YAML: a shape the placing above did not foresee
         list(YAML(typ="rt").load_all(result))
@@ -358,6 +365,11 @@ def _edit_job(job: _Job, options: Options, where: str) -> None:
             job.ensure_port(container, TTP_PORT, TTP_PORT_NAME, place)
             job.ensure_env(container, "TTP_PORT", [f"value: {_quoted(TTP_PORT)}"], place)
             job.ensure_env(container, "POD_IP", ["valueFrom:", "  fieldRef:", "    fieldPath: status.podIP"], place)
+        if ELASTIC in options.recover_strategy and options.mindio_wait is not None:
+            job.ensure_env(container, "MINDIO_WAIT_MINDX_TIME", [f"value: {_quoted(options.mindio_wait)}"], place)
+        if ELASTIC in options.recover_strategy and options.wait_reschedule_timeout is not None:  # ft_plugins' own
+            job.ensure_env(container, "FT_PLUGINS_ELASTIC_WAIT", [f"value: {_quoted(options.wait_reschedule_timeout)}"],
+                           place)
     job.flush()
     if options.termination_grace is not None:
         seconds, override = options.termination_grace
@@ -370,8 +382,16 @@ def _edit_job(job: _Job, options: Options, where: str) -> None:
 
 
 def validate_timeout(seconds: int) -> int:
-    low, high = RESCHEDULE_TIMEOUT
+    return _within(seconds, RESCHEDULE_TIMEOUT, "--wait-reschedule-timeout", "MindCluster")
+
+
+def validate_mindio_wait(seconds: int) -> int:
+    return _within(seconds, MINDIO_WAIT, "--mindio-wait-mindx-time", "MindIO")
+
+
+def _within(seconds: int, bounds: tuple[int, int], flag: str, who: str) -> int:
+    low, high = bounds
     if not low <= seconds <= high:
-        raise ValueError(f"--wait-reschedule-timeout {seconds}: MindCluster accepts {low} to {high} seconds")
+        raise ValueError(f"{flag} {seconds}: {who} accepts {low} to {high} seconds")
     return seconds
 

@@ -255,3 +255,28 @@ def test_ascend_job_without_an_ascend_container_and_flow_ports_are_refused() -> 
 def test_elastic_training_note() -> None:
     _, notes = k8s.edit(ASCEND_JOB, k8s.Options(recover_strategy=("elastic-training",)))
     assert len(notes) == 1 and "MINDIO_WAIT_MINDX_TIME" in notes[0]
+
+
+def test_elastic_training_gets_mindios_wait_and_the_survivors_wait_in_every_training_container() -> None:
+    options = k8s.Options(recover_strategy=("recover", "elastic-training"), wait_reschedule_timeout=60, mindio_wait=90)
+    edited, notes = k8s.edit(ASCEND_JOB, options)
+    assert notes == []
+    for name, value in (("MINDIO_WAIT_MINDX_TIME", "90"), ("FT_PLUGINS_ELASTIC_WAIT", "60")):  # Master and Worker
+        assert edited.count(f'- name: {name}\n                value: "{value}"\n') == 2, name
+    assert '    wait-reschedule-timeout: "60"\n' in edited
+    assert k8s.edit(edited, options)[0] == edited  # a second run changes nothing
+    _, notes = k8s.edit(ASCEND_JOB, k8s.Options(recover_strategy=("elastic-training",), mindio_wait=30))
+    assert len(notes) == 1 and "at least 60 s" in notes[0]
+
+
+@pytest.mark.parametrize("flag, value, bounds", [("--mindio-wait-mindx-time", "0", "1 to 3600"),
+                                                 ("--mindio-wait-mindx-time", "3601", "1 to 3600"),
+                                                 ("--wait-reschedule-timeout", "271", "30 to 270")])
+def test_waits_outside_the_documented_ranges_are_refused_in_one_line(tmp_path: Path, flag: str, value: str,
+                                                                      bounds: str) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(ASCEND_JOB)
+    result = subprocess.run([PYTHON, "-m", "ft_plugins.cli", "k8s", str(path), "--recover-strategy",
+                             "elastic-training", flag, value], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and bounds in result.stderr and flag in result.stderr

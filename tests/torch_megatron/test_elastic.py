@@ -10,6 +10,8 @@ SIGKILLed whole (agent and workers): no replacement can come.
   those of Megatron's own resume at DP=2 from the uninterrupted DP=4 run's save of step 2; they differ from that
   run's own (the arithmetic at DP=2 is another: the comparison can fail). Every step read exactly its global batch
   (criterion S2): samples ``[(s-1)·G, s·G)``, each once, at the size that completed it.
+- Rank 2 stands still inside its optimizer update of step 3 when its node is lost: the survivors finished theirs,
+  count step 3 as done and go on from it, bit for bit Megatron's own resume at DP=2 from the save of step 3.
 - TP=2 x DP=2 -> TP=2 x DP=1 in bf16 (fp32 main parameters): the lost node held one whole model replica; both
   tensor-parallel shards of the final save equal Megatron's own resume at TP=2 x DP=1.
 - Without ``elastic`` (negative control), the same loss: the survivors wait for a replacement until recover's
@@ -43,12 +45,12 @@ DP2 = Launch(2, DP4.args)
 TP_ALONE = Launch(2, TP.args, TP.env)  # TP=2 x DP=1
 
 
-def _megatron_resume(reference: Job, launch: Launch, workdir: Path, *args: str) -> Job:
-    """Megatron's own resume at ``launch``'s size from ``reference``'s save of step COMPLETED, to the end, saving
-    every step (no ft_plugins)."""
+def _megatron_resume(reference: Job, launch: Launch, workdir: Path, *args: str, step: int = COMPLETED) -> Job:
+    """Megatron's own resume at ``launch``'s size from ``reference``'s save of ``step``, to the end, saving every step
+    (no ft_plugins)."""
     load = workdir / "load"
-    shutil.copytree(reference.iteration(COMPLETED), load / reference.iteration(COMPLETED).name)
-    (load / "latest_checkpointed_iteration.txt").write_text(str(COMPLETED))
+    shutil.copytree(reference.iteration(step), load / reference.iteration(step).name)
+    (load / "latest_checkpointed_iteration.txt").write_text(str(step))
     job = launch.run(workdir, "--load", str(load), "--save-interval", "1", *args, save=workdir / "ckpt",
                      FT_PLUGINS="none")
     assert job.returncode == 0, job.output[-3000:]
@@ -84,6 +86,13 @@ def regrown(tmp_path_factory: pytest.TempPathFactory) -> tuple[Nodes, Path]:
                       str(workdir / "samples"), lose=2, rejoin=f"firing injected fault rank=0,step={COMPLETED + 1}",
                       **{**ELASTIC, "FT_PLUGINS_INJECT_FAULT": faults})
     return nodes, workdir / "samples"
+
+
+@pytest.fixture(scope="module")
+def in_update(tmp_path_factory: pytest.TempPathFactory) -> Nodes:
+    """Rank 2 stands still inside its optimizer update of step 3: the survivors finish theirs, and are caught after."""
+    return two_nodes(tmp_path_factory.mktemp("in_update"), "--train-iters", str(ITERS), lose=2,
+                     **{**ELASTIC, "FT_PLUGINS_INJECT_FAULT": f"rank=2,step={COMPLETED},kind=stuck,at=update"})
 
 
 @pytest.fixture(scope="module")
@@ -193,12 +202,7 @@ def test_grown_back_it_is_megatrons_own_resume_at_the_full_size_bit_for_bit(
     nodes, _ = regrown
     model, scaled_out = "mp_rank_00/model_optim_rng.pt", COMPLETED + 1
     assert differences(nodes.job.iteration(scaled_out) / model, resumed_at_dp2.iteration(scaled_out) / model) == []
-    workdir = tmp_path_factory.mktemp("resumed_at_dp4")
-    load = workdir / "load"
-    shutil.copytree(resumed_at_dp2.iteration(scaled_out), load / resumed_at_dp2.iteration(scaled_out).name)
-    (load / "latest_checkpointed_iteration.txt").write_text(str(scaled_out))
-    grown = DP4.run(workdir, "--load", str(load), "--save-interval", "1", save=workdir / "ckpt", FT_PLUGINS="none")
-    assert grown.returncode == 0, grown.output[-3000:]
+    grown = _megatron_resume(resumed_at_dp2, DP4, tmp_path_factory.mktemp("resumed_at_dp4"), step=scaled_out)
     assert differences(nodes.job.iteration(ITERS) / model, grown.iteration(ITERS) / model) == []
 
 
@@ -209,3 +213,16 @@ def test_grown_back_every_step_read_its_global_batch_at_the_size_that_completed_
     for step in range(1, ITERS + 1):
         world = 2 if step == COMPLETED + 1 else 4
         assert set(reads[step, world]) == set(range((step - 1) * BATCH, step * BATCH)), step  # step 5 read twice
+
+
+def test_a_node_lost_inside_the_update_the_survivors_count_the_step_and_go_on_exactly(
+        in_update: Nodes, dp4_reference: Job, tmp_path_factory: pytest.TempPathFactory) -> None:
+    assert in_update.codes[0] == 0, in_update.outputs[0][-5000:]
+    assert re.search(rf"rank 0 repaired generation 1 in [\d.]+ s: every rank stands at step {COMPLETED + 1}",
+                     in_update.job.output), "step 3 was completed by every survivor"
+    for step in range(1, ITERS + 1):
+        assert len(in_update.job.lines(f"iteration        {step}/       {ITERS}")) == 1, step
+    resumed = _megatron_resume(dp4_reference, DP2, tmp_path_factory.mktemp("resumed_at_dp2_from_3"),
+                               step=COMPLETED + 1)
+    model = "mp_rank_00/model_optim_rng.pt"
+    assert differences(in_update.job.iteration(ITERS) / model, resumed.iteration(ITERS) / model) == []
