@@ -31,10 +31,11 @@ class Nodes:
 
 
 def two_nodes(workdir: Path, *args: str, lose: int | None = None, rejoin: str = "", restarts: int = 0,
-              timeout: float = 420, **env: str) -> Nodes:
+              last_call: int = 30, timeout: float = 420, **env: str) -> Nodes:
     """DP=4 as two nodes of 2 ranks each; ``lose``: the global rank whose node is lost (it must be on the second
     agent: the first hosts the store), once it fired its injected ``stuck`` fault; ``rejoin``: the line of the first
-    node's output after which the lost node comes back; ``restarts``: torchrun's ``--max-restarts``."""
+    node's output after which the lost node comes back; ``restarts``: torchrun's ``--max-restarts``; ``last_call``:
+    the seconds c10d's rendezvous waits for more nodes once it has the fewest (its default 30)."""
     save, port = workdir / "ckpt", free_port()
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "FT_FAKE", "TORCHELASTIC"))}
     agents: list[subprocess.Popen] = []
@@ -43,7 +44,8 @@ def two_nodes(workdir: Path, *args: str, lose: int | None = None, rejoin: str = 
     def start(node: int) -> None:
         command = [sys.executable, "-m", "ft_plugins.cli", "run", "--", TORCHRUN, "--nnodes", "1:2",
                    "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-                   "--rdzv-id", "elastic", "--rdzv-conf", f"is_host={int(node == 0)}", "--max-restarts", str(restarts),
+                   "--rdzv-id", "elastic", "--rdzv-conf", f"is_host={int(node == 0)},last_call_timeout={last_call}",
+                   "--max-restarts", str(restarts),
                    str(MEGATRON_EXAMPLE), "--micro-batch-size", "1", "--global-batch-size", "4",
                    "--save-interval", "100", "--save", str(save), *args]
         logs.append(workdir / f"node{node}{'b' if len(logs) > 1 else ''}.log")

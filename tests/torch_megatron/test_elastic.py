@@ -14,6 +14,10 @@ SIGKILLed whole (agent and workers): no replacement can come.
   count step 3 as done and go on from it, bit for bit Megatron's own resume at DP=2 from the save of step 3.
 - TP=2 x DP=2 -> TP=2 x DP=1 in bf16 (fp32 main parameters): the lost node held one whole model replica; both
   tensor-parallel shards of the final save equal Megatron's own resume at TP=2 x DP=1.
+- With Megatron's distributed optimizer in 2 instances (``FT_PLUGINS_TTP_REPLICAS=2``), which cannot scale in place
+  yet: after the same wait the survivors dump step 2 from the instance left, and torchrun restarts the job at DP=2
+  (``--max-restarts 1``), resuming from the dump: bit for bit (``distrib_optim.pt`` whole) Megatron's own resume at
+  DP=2 from its DP=4 save of step 2, not after ``recover``'s timeout.
 - Without ``elastic`` (negative control), the same loss: the survivors wait for a replacement until recover's
   timeout, then dump step 2 and the job ends; step 3 is never trained.
 - The lost node comes back after the scale-in (while rank 0 stands in the save of step 3): torchrun's agent stops
@@ -35,6 +39,7 @@ from pathlib import Path
 import pytest
 
 from elastic_runs import Nodes, two_nodes
+from support import assert_bit_identical
 from ttp_runs import DP4, ITERS, SHARDS, TP, Job, Launch, differences
 
 COMPLETED = 2  # steps completed when the node is lost (rank 2 stands still in step 3)
@@ -42,6 +47,7 @@ LOSS = {"FT_PLUGINS_INJECT_FAULT": f"rank=2,step={COMPLETED},kind=stuck"}
 ELASTIC = {"FT_PLUGINS": "ttp,recover,elastic", "FT_PLUGINS_ELASTIC_WAIT": "3", **LOSS}
 BATCH = 4  # the global batch: DP4's, and the TP runs' (micro-batches of 2)
 DP2 = Launch(2, DP4.args)
+SHARDED = ("--use-distributed-optimizer", "--num-distributed-optimizer-instances", "2")  # ttp's replicas, by hand
 TP_ALONE = Launch(2, TP.args, TP.env)  # TP=2 x DP=1
 
 
@@ -93,6 +99,13 @@ def in_update(tmp_path_factory: pytest.TempPathFactory) -> Nodes:
     """Rank 2 stands still inside its optimizer update of step 3: the survivors finish theirs, and are caught after."""
     return two_nodes(tmp_path_factory.mktemp("in_update"), "--train-iters", str(ITERS), lose=2,
                      **{**ELASTIC, "FT_PLUGINS_INJECT_FAULT": f"rank=2,step={COMPLETED},kind=stuck,at=update"})
+
+
+@pytest.fixture(scope="module")
+def restarted_smaller(tmp_path_factory: pytest.TempPathFactory) -> Nodes:
+    workdir = tmp_path_factory.mktemp("restarted_smaller")
+    return two_nodes(workdir, "--train-iters", str(ITERS), "--load", str(workdir / "ckpt"), SHARDED[0], lose=2,
+                     restarts=1, last_call=10, FT_PLUGINS_TTP_REPLICAS="2", **ELASTIC)
 
 
 @pytest.fixture(scope="module")
@@ -226,3 +239,20 @@ def test_a_node_lost_inside_the_update_the_survivors_count_the_step_and_go_on_ex
                                step=COMPLETED + 1)
     model = "mp_rank_00/model_optim_rng.pt"
     assert differences(in_update.job.iteration(ITERS) / model, resumed.iteration(ITERS) / model) == []
+
+
+def test_the_distributed_optimizer_takes_the_dump_after_the_wait_and_restarts_at_the_smaller_size_exactly(
+        restarted_smaller: Nodes, tmp_path_factory: pytest.TempPathFactory) -> None:
+    nodes = restarted_smaller
+    assert nodes.codes[0] == 0, nodes.outputs[0][-5000:]
+    assert nodes.job.lines("elastic: this run cannot go on at a smaller data-parallel size: Megatron's distributed "
+                           "optimizer")
+    assert nodes.job.lines("no replacement within 3 s, and this run cannot go on at a smaller size in place")
+    assert nodes.job.lines(f"loading checkpoint from {nodes.job.save} at iteration {COMPLETED}")
+    reference = DP4.reference(tmp_path_factory.mktemp("sharded_reference"), *SHARDED)
+    resumed = _megatron_resume(reference, DP2, tmp_path_factory.mktemp("sharded_at_dp2"), *SHARDED)
+    for step, right in ((COMPLETED, reference), (ITERS, resumed)):  # the dump of step 2 is the DP=4 save of it
+        assert differences(nodes.job.iteration(step) / "mp_rank_00/model_optim_rng.pt",
+                           right.iteration(step) / "mp_rank_00/model_optim_rng.pt") == [], step
+        assert_bit_identical(nodes.job.iteration(step) / "mp_rank_00/distrib_optim.pt",
+                             right.iteration(step) / "mp_rank_00/distrib_optim.pt", parts=None)

@@ -14,8 +14,8 @@ Megatron at K's consumed samples; and training goes on at K + 1 with the global 
 per rank). That is what Megatron's own resume at the smaller size from a save of K does, without a process
 restarted or a file read.
 
-Not yet, each refused at the start in one line (a lost node with no replacement then takes ``recover``'s
-fallback: ttp's dump, and torchrun's restart at the size left): Megatron's distributed optimizer (its shards must
+Not yet, each refused at the start in one line (a lost node with no replacement within ``wait`` then takes
+``recover``'s fallback at once: ttp's dump, and torchrun's restart at the size left): Megatron's distributed optimizer (its shards must
 be laid out again), context or expert parallelism, virtual pipeline stages, a batch-size ramp-up, one replica. A
 global batch the smaller size does not divide is refused at the fault, with the sizes that divide it said at the
 start. After a scale-in, a further loss takes that fallback. Growing back is torchrun's restart when the lost node
@@ -122,13 +122,17 @@ class MegatronElastic(MegatronRecovery):
 
     # -- the scale-in ------------------------------------------------------------------------------
     def _replaced(self, generation: int, standing: Standing, rank: int, world: int) -> tuple[int, int]:
-        if self.member is None or self.refusal:
-            return super()._replaced(generation, standing, rank, world)
-        self._store().set(key(generation, f"member/{rank}"), self.member.encode())
+        """Wait ``wait`` seconds for the launcher's replacement, then scale in; a run that cannot scale in place
+        takes the dump then, not after ``recover``'s timeout (torchrun restarts it at the size left)."""
+        wait = self.elastic.settings["wait"]
+        if self.member is not None:
+            self._store().set(key(generation, f"member/{rank}"), self.member.encode())
         try:
-            self._await(generation, ["lost"], "the launcher's announcement of a replacement",
-                        self.elastic.settings["wait"])
+            self._await(generation, ["lost"], "the launcher's announcement of a replacement", wait)
         except Late:
+            if self.member is None:
+                raise Fallback(f"no replacement within {wait:.0f} s, and this run cannot go on at a smaller size in "
+                               f"place ({self.cannot}): the dump, then torchrun's restart at the size left") from None
             return self._scale_in(generation, rank, world)
         return super()._replaced(generation, standing, rank, world)
 
