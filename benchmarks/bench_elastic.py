@@ -31,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "tests"), str(HERE.parent / "tests" / "torch_megatron")]
 
 from bench_hangs import to_training  # noqa: E402
-from elastic_runs import two_nodes  # noqa: E402
+from elastic_runs import elastic_job  # noqa: E402
 
 RECOVER_TIMEOUT = 180.0  # recover's default wait for a replacement
 
@@ -41,10 +41,10 @@ def _lost(way: str, iters: int, fault: int, wait: float) -> float:
         workdir = Path(tmp)
         stuck = {"FT_PLUGINS_INJECT_FAULT": f"rank=2,step={fault},kind=stuck"}
         if way == "scale-in":
-            nodes = two_nodes(workdir, "--train-iters", str(iters), lose=2, FT_PLUGINS="ttp,recover,elastic",
+            nodes = elastic_job(workdir, "--train-iters", str(iters), lose=(2,), FT_PLUGINS="ttp,recover,elastic",
                               FT_PLUGINS_ELASTIC_WAIT=str(wait), **stuck)
         else:
-            nodes = two_nodes(workdir, "--train-iters", str(iters), "--load", str(workdir / "ckpt"), lose=2,
+            nodes = elastic_job(workdir, "--train-iters", str(iters), "--load", str(workdir / "ckpt"), lose=(2,),
                               restarts=1, FT_PLUGINS="ttp,resume", **stuck)
         if nodes.codes[0] != 0:
             raise SystemExit(f"{way}: the node left ended with {nodes.codes[0]}:\n{nodes.outputs[0][-4000:]}")

@@ -14,6 +14,9 @@ SIGKILLed whole (agent and workers): no replacement can come.
   count step 3 as done and go on from it, bit for bit Megatron's own resume at DP=2 from the save of step 3.
 - TP=2 x DP=2 -> TP=2 x DP=1 in bf16 (fp32 main parameters): the lost node held one whole model replica; both
   tensor-parallel shards of the final save equal Megatron's own resume at TP=2 x DP=1.
+- Four nodes of one rank, DP=4 -> 3 -> 2: node 3 lost in step 3, node 2 in step 5 (the global batch 12 kept: 3, 4
+  and 6 micro-batches per rank); the end is bit for bit Megatron's own resume at DP=3 from the DP=4 save of step 2,
+  run to step 4, then its own resume at DP=2 from that save of step 4.
 - With Megatron's distributed optimizer in 2 instances (``FT_PLUGINS_TTP_REPLICAS=2``), which cannot scale in place
   yet: after the same wait the survivors dump step 2 from the instance left, and torchrun restarts the job at DP=2
   (``--max-restarts 1``), resuming from the dump: bit for bit (``distrib_optim.pt`` whole) Megatron's own resume at
@@ -38,7 +41,7 @@ from pathlib import Path
 
 import pytest
 
-from elastic_runs import Nodes, two_nodes
+from elastic_runs import Nodes, elastic_job
 from support import assert_bit_identical
 from ttp_runs import DP4, ITERS, SHARDS, TP, Job, Launch, differences
 
@@ -67,7 +70,8 @@ def _megatron_resume(reference: Job, launch: Launch, workdir: Path, *args: str, 
 def scaled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Nodes, Path]:
     workdir = tmp_path_factory.mktemp("scaled")
     samples = workdir / "samples"
-    return two_nodes(workdir, "--train-iters", str(ITERS), "--ft-sample-log", str(samples), lose=2, **ELASTIC), samples
+    job = elastic_job(workdir, "--train-iters", str(ITERS), "--ft-sample-log", str(samples), lose=(2,), **ELASTIC)
+    return job, samples
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +81,8 @@ def resumed_at_dp2(dp4_reference: Job, tmp_path_factory: pytest.TempPathFactory)
 
 @pytest.fixture(scope="module")
 def tp_scaled(tmp_path_factory: pytest.TempPathFactory) -> Nodes:
-    return two_nodes(tmp_path_factory.mktemp("tp_scaled"), "--train-iters", str(ITERS), *TP.args,
-                     "--micro-batch-size", "2", "--bf16", lose=2, **dict(TP.env), **ELASTIC)
+    return elastic_job(tmp_path_factory.mktemp("tp_scaled"), "--train-iters", str(ITERS), *TP.args,
+                     "--micro-batch-size", "2", "--bf16", lose=(2,), **dict(TP.env), **ELASTIC)
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +92,8 @@ def regrown(tmp_path_factory: pytest.TempPathFactory) -> tuple[Nodes, Path]:
     workdir = tmp_path_factory.mktemp("regrown")
     faults = (f"{LOSS['FT_PLUGINS_INJECT_FAULT']};rank=0,step={COMPLETED + 1},kind=slow,at=save,seconds=120;"
               f"rank=1,step={COMPLETED + 2},kind=kill")
-    nodes = two_nodes(workdir, "--train-iters", str(ITERS), "--load", str(workdir / "ckpt"), "--ft-sample-log",
-                      str(workdir / "samples"), lose=2, rejoin=f"firing injected fault rank=0,step={COMPLETED + 1}",
+    nodes = elastic_job(workdir, "--train-iters", str(ITERS), "--load", str(workdir / "ckpt"), "--ft-sample-log",
+                      str(workdir / "samples"), lose=(2,), rejoin=f"firing injected fault rank=0,step={COMPLETED + 1}",
                       **{**ELASTIC, "FT_PLUGINS_INJECT_FAULT": faults})
     return nodes, workdir / "samples"
 
@@ -97,21 +101,28 @@ def regrown(tmp_path_factory: pytest.TempPathFactory) -> tuple[Nodes, Path]:
 @pytest.fixture(scope="module")
 def in_update(tmp_path_factory: pytest.TempPathFactory) -> Nodes:
     """Rank 2 stands still inside its optimizer update of step 3: the survivors finish theirs, and are caught after."""
-    return two_nodes(tmp_path_factory.mktemp("in_update"), "--train-iters", str(ITERS), lose=2,
+    return elastic_job(tmp_path_factory.mktemp("in_update"), "--train-iters", str(ITERS), lose=(2,),
                      **{**ELASTIC, "FT_PLUGINS_INJECT_FAULT": f"rank=2,step={COMPLETED},kind=stuck,at=update"})
 
 
 @pytest.fixture(scope="module")
 def restarted_smaller(tmp_path_factory: pytest.TempPathFactory) -> Nodes:
     workdir = tmp_path_factory.mktemp("restarted_smaller")
-    return two_nodes(workdir, "--train-iters", str(ITERS), "--load", str(workdir / "ckpt"), SHARDED[0], lose=2,
+    return elastic_job(workdir, "--train-iters", str(ITERS), "--load", str(workdir / "ckpt"), SHARDED[0], lose=(2,),
                      restarts=1, last_call=10, FT_PLUGINS_TTP_REPLICAS="2", **ELASTIC)
+
+
+@pytest.fixture(scope="module")
+def twice(tmp_path_factory: pytest.TempPathFactory) -> Nodes:
+    faults = f"rank=3,step={COMPLETED},kind=stuck;rank=2,step={COMPLETED + 2},kind=stuck"
+    return elastic_job(tmp_path_factory.mktemp("twice"), "--train-iters", str(ITERS), "--global-batch-size", "12",
+                       nodes=4, per_node=1, lose=(3, 2), **{**ELASTIC, "FT_PLUGINS_INJECT_FAULT": faults})
 
 
 @pytest.fixture(scope="module")
 def waited(tmp_path_factory: pytest.TempPathFactory) -> Nodes:
     """The same loss without ``elastic``."""
-    return two_nodes(tmp_path_factory.mktemp("waited"), "--train-iters", str(ITERS), lose=2,
+    return elastic_job(tmp_path_factory.mktemp("waited"), "--train-iters", str(ITERS), lose=(2,),
                      FT_PLUGINS="ttp,recover", FT_PLUGINS_RECOVER_TIMEOUT="10", **LOSS)
 
 
@@ -256,3 +267,18 @@ def test_the_distributed_optimizer_takes_the_dump_after_the_wait_and_restarts_at
                            right.iteration(step) / "mp_rank_00/model_optim_rng.pt") == [], step
         assert_bit_identical(nodes.job.iteration(step) / "mp_rank_00/distrib_optim.pt",
                              right.iteration(step) / "mp_rank_00/distrib_optim.pt", parts=None)
+
+
+def test_two_nodes_lost_in_turn_the_job_scales_in_twice_and_stays_megatrons_own_resume(
+        twice: Nodes, tmp_path_factory: pytest.TempPathFactory) -> None:
+    assert twice.codes[:2] == (0, 0) and twice.codes[2:] == (-9, -9), twice.outputs[0][-5000:]
+    assert twice.job.lines("3 ranks go on at data-parallel size 3 (was 4), the global batch 12 kept")
+    assert twice.job.lines("2 ranks go on at data-parallel size 2 (was 3), the global batch 12 kept")
+    for step in range(1, ITERS + 1):
+        assert len(twice.job.lines(f"iteration        {step}/       {ITERS}")) == 1, step
+    batch = ("--micro-batch-size", "1", "--global-batch-size", "12")
+    reference = Launch(4, batch).reference(tmp_path_factory.mktemp("dp4_batch12"))
+    at_three = _megatron_resume(reference, Launch(3, batch), tmp_path_factory.mktemp("at_dp3"))
+    at_two = _megatron_resume(at_three, Launch(2, batch), tmp_path_factory.mktemp("at_dp2"), step=COMPLETED + 2)
+    model = "mp_rank_00/model_optim_rng.pt"
+    assert differences(twice.job.iteration(ITERS) / model, at_two.iteration(ITERS) / model) == []

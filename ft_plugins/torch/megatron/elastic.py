@@ -18,8 +18,9 @@ Not yet, each refused at the start in one line (a lost node with no replacement 
 ``recover``'s fallback at once: ttp's dump, and torchrun's restart at the size left): Megatron's distributed optimizer (its shards must
 be laid out again), context or expert parallelism, virtual pipeline stages, a batch-size ramp-up, one replica. A
 global batch the smaller size does not divide is refused at the fault, with the sizes that divide it said at the
-start. After a scale-in, a further loss takes that fallback. Growing back is torchrun's restart when the lost node
-returns (the workers dump on SIGTERM and the job resumes at the full size: :class:`.regroup.Regroup` keeps the new
+start. After a scale-in a node lost again is scaled in again; a worker lost on a node that stays is left to
+torchrun (the dump, and its restart): the ranks are numbered anew, torchrun's are not. Growing back is torchrun's
+restart when the lost node returns (the workers dump on SIGTERM and the job resumes at the full size: :class:`.regroup.Regroup` keeps the new
 workers' keys apart from the old ones'); not in place yet.
 """
 
@@ -36,7 +37,7 @@ from ft_plugins.features.elastic import Elastic
 from ft_plugins.features.recover import Recover
 from ft_plugins.patching import Patch
 from ft_plugins.rank import on_rank_zero
-from ft_plugins.recovery import NODES, Fallback, Late, Member, Standing, going_on, key, members
+from ft_plugins.recovery import NODES, REFUSED, Fallback, Late, Member, Standing, going_on, key, members
 from ft_plugins.torch.megatron.recover import MegatronRecovery
 from ft_plugins.torch.megatron.state import TRAINING, megatron
 from ft_plugins.torch.megatron.ttp import MegatronTtp
@@ -82,6 +83,14 @@ def relayout(model: list[Any], size: int) -> None:
                 bucket.gradient_scaling_factor = buffer.gradient_scaling_factor
 
 
+def _replica() -> tuple[int, ...]:
+    """The global ranks of this rank's model replica: its model-parallel group (every rank at its data-parallel
+    index)."""
+    import torch.distributed as dist
+
+    return tuple(dist.get_process_group_ranks(megatron("core.parallel_state").get_model_parallel_group()))
+
+
 class MegatronElastic(MegatronRecovery):
     """``recover``'s worker side, going on at a smaller data-parallel size when no replacement comes."""
 
@@ -111,8 +120,7 @@ class MegatronElastic(MegatronRecovery):
             on_rank_zero(log.warning, "elastic: this run cannot go on at a smaller data-parallel size: %s; a lost "
                          "rank with no replacement takes recover's fallback", self.cannot)
         else:
-            replica = dist.get_process_group_ranks(megatron("core.parallel_state").get_model_parallel_group())
-            self.member = Member(dist.get_rank(), int(os.environ.get("GROUP_RANK", "0")), tuple(replica))
+            self.member = Member(dist.get_rank(), int(os.environ.get("GROUP_RANK", "0")), _replica())
             sizes = smaller_sizes(megatron_args)
             on_rank_zero(log.info, "elastic: a lost rank not replaced within %.0f s: its model replica is dropped and "
                          "training goes on in place; the global batch %d is kept at data-parallel size%s %s",
@@ -192,7 +200,9 @@ class MegatronElastic(MegatronRecovery):
             megatron_args.consumed_train_samples = counted  # the loop counts a step a peer completed itself
         self.batches.source, self.batches.fetched, self.batches.replay = iterator, [], []
         self.resized = 0
-        self.refusal = "the job scaled in already: a further loss is not repaired in place yet"
-        self._publish_refusal()
+        self.member = self.member._replace(rank=megatron_args.rank, replica=_replica())  # as the next loss needs it
+        # the ranks are numbered anew, torchrun's are not: a worker of this node lost now is left to torchrun (the
+        # dump, and its restart); a node lost is scaled in again
+        self._store().set(REFUSED, "the job scaled in: its ranks are no longer torchrun's")
         log.info("elastic: rank %d reads on from sample %d at data-parallel size %d (%.2f s)", megatron_args.rank,
                  consumed, megatron_args.data_parallel_size, time.monotonic() - started)
