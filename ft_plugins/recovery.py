@@ -201,18 +201,14 @@ def members(store: Any, generation: int, world: int, timeout: float) -> dict[int
     return {member.rank: member for member in map(Member.decode, raw)}
 
 
-def going_on(found: Mapping[int, Member], world: int) -> tuple[list[int], str]:
+def going_on(found: Mapping[int, Member], world: int) -> tuple[list[int], list[int], str]:
     """The ranks that go on after a scale-in, in their old order (the i-th becomes rank i): every survivor whose
-    model replica lost no rank; and why the job cannot go on so ("" when it can)."""
+    model replica lost no rank; the survivors that leave, healthy in a replica that lost a rank (a node holds one
+    pipeline stage of several replicas); and why the job cannot go on so ("" when it can)."""
     lost = set(range(world)) - set(found)
     stay = sorted(rank for rank, member in found.items() if not lost & set(member.replica))
-    idle = sorted(set(found) - set(stay))
-    if not stay:
-        return [], f"every model replica lost a rank ({_ranks(lost)} lost)"
-    if idle:
-        return stay, (f"{_ranks(idle)} healthy in a model replica that lost {_ranks(lost)}: keeping the healthy as warm "
-                      "spares for a scale-out is not implemented yet")
-    return stay, ""
+    leaving = sorted(set(found) - set(stay))
+    return stay, leaving, "" if stay else f"every model replica lost a rank ({_ranks(lost)} lost)"
 
 
 def _ranks(ranks: Any) -> str:

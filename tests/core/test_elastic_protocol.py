@@ -43,7 +43,7 @@ def test_every_survivor_agrees_on_the_same_members_whoever_asks_first(store_serv
         thread.join(60)
     assert len(answers) == len(survivors)
     assert all(found == {rank: everyone[rank] for rank in survivors} for found in answers.values())
-    assert going_on(answers[0], WORLD) == ([0, 1, 2, 3, 6, 7], "")
+    assert going_on(answers[0], WORLD) == ([0, 1, 2, 3, 6, 7], [], "")
 
 
 def test_a_survivor_that_publishes_after_the_list_was_made_is_not_in_it(store_server: TCPStore) -> None:
@@ -65,22 +65,21 @@ def test_a_waiter_for_the_list_wakes_when_the_generation_is_abandoned(store_serv
 
 def test_whole_replicas_are_dropped_and_the_rest_keep_their_order() -> None:
     everyone = _replicas(2)
-    assert going_on({rank: m for rank, m in everyone.items() if rank not in (2, 3)}, WORLD) == ([0, 1, 4, 5, 6, 7], "")
-    assert going_on({rank: m for rank, m in everyone.items() if rank not in (2, 3, 6, 7)}, WORLD) == ([0, 1, 4, 5], "")
+    assert going_on({rank: m for rank, m in everyone.items() if rank not in (2, 3)}, WORLD) == (
+        [0, 1, 4, 5, 6, 7], [], "")
+    assert going_on({rank: m for rank, m in everyone.items() if rank not in (2, 3, 6, 7)}, WORLD) == (
+        [0, 1, 4, 5], [], "")
 
 
-def test_healthy_ranks_of_a_replica_that_lost_one_are_refused_not_dropped_silently() -> None:
+def test_healthy_ranks_of_a_replica_that_lost_one_leave_with_it() -> None:
     everyone = _replicas(2)
-    stay, why = going_on({rank: m for rank, m in everyone.items() if rank != 3}, WORLD)
-    assert stay == [0, 1, 4, 5, 6, 7]
-    assert why == ("rank 2 healthy in a model replica that lost rank 3: keeping the healthy as warm spares for a "
-                   "scale-out is not implemented yet")
+    assert going_on({rank: m for rank, m in everyone.items() if rank != 3}, WORLD) == ([0, 1, 4, 5, 6, 7], [2], "")
 
 
 def test_a_loss_in_every_replica_leaves_nothing_to_go_on_with() -> None:
     everyone = _replicas(4)  # two replicas: ranks 0-3 and 4-7
     assert going_on({rank: m for rank, m in everyone.items() if rank not in (1, 6)}, WORLD) == (
-        [], "every model replica lost a rank (ranks 1, 6 lost)")
+        [], [0, 2, 3, 4, 5, 7], "every model replica lost a rank (ranks 1, 6 lost)")
 
 
 def test_a_member_record_reads_back_as_written() -> None:

@@ -17,6 +17,9 @@ SIGKILLed whole (agent and workers): no replacement can come.
 - Four nodes of one rank, DP=4 -> 3 -> 2: node 3 lost in step 3, node 2 in step 5 (the global batch 12 kept: 3, 4
   and 6 micro-batches per rank); the end is bit for bit Megatron's own resume at DP=3 from the DP=4 save of step 2,
   run to step 4, then its own resume at DP=2 from that save of step 4.
+- Four nodes of one rank, PP=2 x DP=2 in bf16 -> PP=2 x DP=1: node 3 (stage 1 of replica 1) lost; rank 1, the
+  healthy stage 0 of that replica, leaves the job (exit code 0); ranks 0 and 2 go on as one replica, both stages'
+  saves bit for bit Megatron's own resume at PP=2 x DP=1.
 - With Megatron's distributed optimizer in 2 instances (``FT_PLUGINS_TTP_REPLICAS=2``), which cannot scale in place
   yet: after the same wait the survivors dump step 2 from the instance left, and torchrun restarts the job at DP=2
   (``--max-restarts 1``), resuming from the dump: bit for bit (``distrib_optim.pt`` whole) Megatron's own resume at
@@ -50,6 +53,10 @@ LOSS = {"FT_PLUGINS_INJECT_FAULT": f"rank=2,step={COMPLETED},kind=stuck"}
 ELASTIC = {"FT_PLUGINS": "ttp,recover,elastic", "FT_PLUGINS_ELASTIC_WAIT": "3", **LOSS}
 BATCH = 4  # the global batch: DP4's, and the TP runs' (micro-batches of 2)
 DP2 = Launch(2, DP4.args)
+# Megatron's order (dp, then pp): ranks 0 and 1 stage 0 of replicas 0 and 1, ranks 2 and 3 their stage 1
+PIPELINE = Launch(4, ("--pipeline-model-parallel-size", "2", "--bf16", "--micro-batch-size", "1",
+                      "--global-batch-size", "4"), (("CUDA_DEVICE_MAX_CONNECTIONS", "1"),))
+STAGES = ("mp_rank_00_000", "mp_rank_00_001")
 SHARDED = ("--use-distributed-optimizer", "--num-distributed-optimizer-instances", "2")  # ttp's replicas, by hand
 TP_ALONE = Launch(2, TP.args, TP.env)  # TP=2 x DP=1
 
@@ -117,6 +124,13 @@ def twice(tmp_path_factory: pytest.TempPathFactory) -> Nodes:
     faults = f"rank=3,step={COMPLETED},kind=stuck;rank=2,step={COMPLETED + 2},kind=stuck"
     return elastic_job(tmp_path_factory.mktemp("twice"), "--train-iters", str(ITERS), "--global-batch-size", "12",
                        nodes=4, per_node=1, lose=(3, 2), **{**ELASTIC, "FT_PLUGINS_INJECT_FAULT": faults})
+
+
+@pytest.fixture(scope="module")
+def pipelined(tmp_path_factory: pytest.TempPathFactory) -> Nodes:
+    return elastic_job(tmp_path_factory.mktemp("pipelined"), "--train-iters", str(ITERS), *PIPELINE.args,
+                       nodes=4, per_node=1, lose=(3,), **dict(PIPELINE.env),
+                       **{**ELASTIC, "FT_PLUGINS_INJECT_FAULT": f"rank=3,step={COMPLETED},kind=stuck"})
 
 
 @pytest.fixture(scope="module")
@@ -282,3 +296,16 @@ def test_two_nodes_lost_in_turn_the_job_scales_in_twice_and_stays_megatrons_own_
     at_two = _megatron_resume(at_three, Launch(2, batch), tmp_path_factory.mktemp("at_dp2"), step=COMPLETED + 2)
     model = "mp_rank_00/model_optim_rng.pt"
     assert differences(twice.job.iteration(ITERS) / model, at_two.iteration(ITERS) / model) == []
+
+
+def test_pipeline_stages_kept_the_healthy_rank_of_the_dropped_replica_leaves(
+        pipelined: Nodes, tmp_path_factory: pytest.TempPathFactory) -> None:
+    assert pipelined.codes == (0, 0, 0, -9), pipelined.outputs[0][-5000:]
+    assert pipelined.job.lines("elastic: rank 1 leaves the job: its model replica lost rank 3")
+    assert pipelined.job.lines("2 ranks go on at data-parallel size 1 (was 2)")
+    reference = PIPELINE.reference(tmp_path_factory.mktemp("pipeline_reference"))
+    resumed = _megatron_resume(reference, Launch(2, PIPELINE.args, PIPELINE.env),
+                               tmp_path_factory.mktemp("pipeline_at_dp1"))
+    for stage in STAGES:
+        model = f"{stage}/model_optim_rng.pt"
+        assert differences(pipelined.job.iteration(ITERS) / model, resumed.iteration(ITERS) / model) == [], stage

@@ -14,7 +14,8 @@ Megatron at K's consumed samples; and training goes on at K + 1 with the global 
 per rank). That is what Megatron's own resume at the smaller size from a save of K does, without a process
 restarted or a file read.
 
-Not yet, each refused at the start in one line (a lost node with no replacement within ``wait`` then takes
+A healthy rank of a dropped replica (with pipeline parallelism a node holds one stage of several replicas) leaves
+the job, exit code 0. Not yet, each refused at the start in one line (a lost node with no replacement within ``wait`` then takes
 ``recover``'s fallback at once: ttp's dump, and torchrun's restart at the size left): Megatron's distributed optimizer (its shards must
 be laid out again), context or expert parallelism, virtual pipeline stages, a batch-size ramp-up, one replica. A
 global batch the smaller size does not divide is refused at the fault, with the sizes that divide it said at the
@@ -36,7 +37,7 @@ from ft_plugins import events
 from ft_plugins.features.elastic import Elastic
 from ft_plugins.features.recover import Recover
 from ft_plugins.patching import Patch
-from ft_plugins.rank import on_rank_zero
+from ft_plugins.rank import global_rank, on_rank_zero
 from ft_plugins.recovery import NODES, REFUSED, Fallback, Late, Member, Standing, going_on, key, members
 from ft_plugins.torch.megatron.recover import MegatronRecovery
 from ft_plugins.torch.megatron.state import TRAINING, megatron
@@ -149,21 +150,22 @@ class MegatronElastic(MegatronRecovery):
         found = members(self._waiting_store(), generation, world, self.timeout)
         if rank not in found:
             raise Fallback(f"rank {rank} came after the survivors had agreed to go on without a replacement")
-        stay, why = going_on(found, world)
+        stay, leaving, why = going_on(found, world)
         if why:
             raise Fallback(why)
+        if rank in leaving:
+            self._leave(generation, sorted(set(range(world)) - set(found)))
         megatron_args = megatron("training.global_vars").get_args()
         size = len(stay) // len(self.member.replica)
         if size not in smaller_sizes(megatron_args) and not megatron_args.decrease_batch_size_if_needed:
             raise Fallback(f"the global batch {megatron_args.global_batch_size} is not a whole number of micro-batches "
                            f"of {megatron_args.micro_batch_size} at data-parallel size {size}")
-        if rank == stay[0]:
-            self._store().set(NODES, json.dumps(sorted({found[member].node for member in stay})))
         lost = sorted(set(range(world)) - set(found))
         self.resized = size
-        change = f"generation {generation}: data-parallel {megatron_args.data_parallel_size} -> {size}"
-        if rank == stay[0]:
-            self.elastic.changes.append(change)
+        if rank == stay[0]:  # speaks for the job
+            self._store().set(NODES, json.dumps(sorted({found[member].node for member in stay})))
+            self.elastic.changes.append(f"generation {generation}: data-parallel {megatron_args.data_parallel_size} "
+                                        f"-> {size}")
             log.warning("elastic: no replacement within %.0f s for rank%s %s: %d ranks go on at data-parallel size %d "
                         "(was %d), the global batch %d kept", self.elastic.settings["wait"], "s" if len(lost) > 1 else "",
                         ", ".join(map(str, lost)), len(stay), size, megatron_args.data_parallel_size,
@@ -171,6 +173,16 @@ class MegatronElastic(MegatronRecovery):
         events.emit("scale_in", generation=generation, lost=lost, world=len(stay), data_parallel=size,
                     before=megatron_args.data_parallel_size)
         return stay.index(rank), len(stay)
+
+    def _leave(self, generation: int, lost: list[int]) -> None:
+        """A healthy rank of a model replica that lost a rank: the others go on without it, and it ends, exit code 0
+        (its node's agent counts it done; kept as a warm spare for a scale-out is not implemented)."""
+        log.warning("elastic: rank %d leaves the job: its model replica lost rank%s %s and the others go on without "
+                    "it", global_rank(), "s" if len(lost) > 1 else "", ", ".join(map(str, lost)))
+        events.emit("left", generation=generation, lost=lost)
+        events.end(0)
+        logging.shutdown()
+        os._exit(0)
 
     def _rebuilt(self) -> None:
         """Megatron's groups stand at the new size: set what Megatron computed from the old one."""
