@@ -72,7 +72,7 @@ def elastic_job(workdir: Path, *args: str, nodes: int = 2, per_node: int = 2, lo
                                      + "\n".join(log.read_text()[-6000:] for log in logs))
             for node in sorted(pending):
                 if NODE_LOST in logs[node].read_text():
-                    kill_tree(agents[node].pid)
+                    power_off(agents[node].pid)
                     pending.discard(node)
             if lose and not pending and not back and rejoin in logs[0].read_text():
                 start(lose[0] // per_node)
@@ -86,3 +86,27 @@ def elastic_job(workdir: Path, *args: str, nodes: int = 2, per_node: int = 2, lo
     outputs = tuple(log.read_text() for log in logs)
     return Nodes(Job(agents[0].returncode, "\n".join(outputs), save), tuple(agent.returncode for agent in agents),
                  outputs)
+
+
+def power_off(pid: int) -> None:
+    """A node losing power: the agent and every process under it stopped first, the agent before its workers (so
+    none of them acts on another's end: the agent would start a replacement for a worker killed before it), then
+    killed."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        root.suspend()
+        family = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for process in family:
+        try:
+            process.suspend()
+        except psutil.NoSuchProcess:
+            pass
+    for process in family:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
