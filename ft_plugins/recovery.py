@@ -17,7 +17,7 @@ generation; the workers (:mod:`ft_plugins.torch.megatron.recover`) meet in it. E
 | ``g<G>/member/<rank>`` | each survivor, with ``elastic`` | its node and the ranks of its model replica |
 | ``g<G>/proposer`` | each survivor left without a replacement (``add``) | the first of them proposes the members |
 | ``g<G>/members`` | that proposer | the survivors that go on without the lost ranks (a scale-in) |
-| ``nodes`` | that proposer | the nodes still in the job after a scale-in (torchrun's exit barrier waits for these) |
+| ``nodes`` | the first rank going on, each leaving one | the nodes left after a scale-in (torchrun's exit barrier waits for these) |
 | ``trained/<rank>`` | each worker | its training loop returned: a failure after it (at exit) is not repaired |
 
 A rank waits for a key in one request the store holds until the key is set (never a poll): whoever abandons a

@@ -153,6 +153,8 @@ class MegatronElastic(MegatronRecovery):
         stay, leaving, why = going_on(found, world)
         if why:
             raise Fallback(why)
+        if rank in (stay[0], *leaving):  # the nodes that reach torchrun's exit barrier: said before any leaves
+            self._store().set(NODES, json.dumps(sorted({member.node for member in found.values()})))
         if rank in leaving:
             self._leave(generation, sorted(set(range(world)) - set(found)))
         megatron_args = megatron("training.global_vars").get_args()
@@ -163,7 +165,6 @@ class MegatronElastic(MegatronRecovery):
         lost = sorted(set(range(world)) - set(found))
         self.resized = size
         if rank == stay[0]:  # speaks for the job
-            self._store().set(NODES, json.dumps(sorted({found[member].node for member in stay})))
             self.elastic.changes.append(f"generation {generation}: data-parallel {megatron_args.data_parallel_size} "
                                         f"-> {size}")
             log.warning("elastic: no replacement within %.0f s for rank%s %s: %d ranks go on at data-parallel size %d "
