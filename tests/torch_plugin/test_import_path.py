@@ -61,7 +61,8 @@ def test_framework_glue_is_imported_with_its_framework_not_with_ft_plugins(tmp_p
 # about 0.2 ms: one joining this list is a choice made with the benchmark's figure, not a side effect.
 AT_IMPORT = frozenset({
     "ft_plugins.config", "ft_plugins.events", "ft_plugins.logs", "ft_plugins.patching", "ft_plugins.rank",
-    "ft_plugins.runtime", "ft_plugins.features", "ft_plugins.features.base", "ft_plugins.features.hangs",
+    "ft_plugins.runtime", "ft_plugins.features", "ft_plugins.features.base", "ft_plugins.features.elastic",
+    "ft_plugins.features.hangs",
     "ft_plugins.features.mstx", "ft_plugins.features.recover", "ft_plugins.features.resume",
     "ft_plugins.features.taskd", "ft_plugins.features.ttp", "ft_plugins.vendors", "ft_plugins.vendors.mindio",
     "ft_plugins.vendors.ranges", "ft_plugins.vendors.taskd", "ft_plugins.vendors.versions", "ft_plugins.torch",

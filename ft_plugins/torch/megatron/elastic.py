@@ -84,6 +84,18 @@ def relayout(model: list[Any], size: int) -> None:
                 bucket.gradient_scaling_factor = buffer.gradient_scaling_factor
 
 
+def _reconfigure_micro_batches(rank: int, megatron_args: Any, size: int) -> None:
+    """Megatron's micro-batch calculator built again for data-parallel size ``size``, as each release names it
+    (``reconfigure_microbatch_calculator`` in megatron-core 0.8, without ``decrease_batch_size_if_needed``)."""
+    calculator = megatron("core.num_microbatches_calculator")
+    batches = (megatron_args.rampup_batch_size, megatron_args.global_batch_size, megatron_args.micro_batch_size, size)
+    newer = getattr(calculator, "reconfigure_num_microbatches_calculator", None)
+    if newer is not None:
+        newer(rank, *batches, getattr(megatron_args, "decrease_batch_size_if_needed", False))
+    else:
+        getattr(calculator, "reconfigure_microbatch_calculator")(rank, *batches)
+
+
 def _replica() -> tuple[int, ...]:
     """The global ranks of this rank's model replica: its model-parallel group (every rank at its data-parallel
     index)."""
@@ -159,7 +171,8 @@ class MegatronElastic(MegatronRecovery):
             self._leave(generation, sorted(set(range(world)) - set(found)))
         megatron_args = megatron("training.global_vars").get_args()
         size = len(stay) // len(self.member.replica)
-        if size not in smaller_sizes(megatron_args) and not megatron_args.decrease_batch_size_if_needed:
+        shrinks = getattr(megatron_args, "decrease_batch_size_if_needed", False)  # Megatron's own rounding down
+        if size not in smaller_sizes(megatron_args) and not shrinks:
             raise Fallback(f"the global batch {megatron_args.global_batch_size} is not a whole number of micro-batches "
                            f"of {megatron_args.micro_batch_size} at data-parallel size {size}")
         lost = sorted(set(range(world)) - set(found))
@@ -195,9 +208,7 @@ class MegatronElastic(MegatronRecovery):
         megatron_args.rank, megatron_args.world_size = dist.get_rank(), dist.get_world_size()
         megatron_args.data_parallel_size = self.resized
         relayout(self.objects[0], self.resized)
-        megatron("core.num_microbatches_calculator").reconfigure_num_microbatches_calculator(
-            dist.get_rank(), megatron_args.rampup_batch_size, megatron_args.global_batch_size,
-            megatron_args.micro_batch_size, self.resized, megatron_args.decrease_batch_size_if_needed)
+        _reconfigure_micro_batches(dist.get_rank(), megatron_args, self.resized)
 
     def _resumed(self, consumed: int) -> None:
         """Every rank stands at K: Megatron builds the data iterators again at K's samples, at the new size."""
