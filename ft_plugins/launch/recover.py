@@ -235,8 +235,8 @@ class Supervisor:
 
         client = TCPStore(worker_group.master_addr, worker_group.master_port, is_master=False,
                           timeout=STORE_TIMEOUT)
-        self.store = PrefixStore(namespace(worker_group.spec.rdzv_handler.get_run_id(), self.attempt,
-                                                   self.rendezvous), client)
+        self.store = PrefixStore(namespace(worker_group.spec.rdzv_handler.get_run_id(), self.attempt, self.rendezvous),
+                                 client)
 
     @staticmethod
     def _start(context: Any, local_rank: int, env: dict[str, str]) -> Any:

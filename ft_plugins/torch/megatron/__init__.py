@@ -94,28 +94,25 @@ class MegatronIntegration:
     def _recover(self, ttp: Any) -> None:
         """``recover`` on ttp's engine: the built-in one's protocol, or MindIO's handlers (its step tracker, its
         dump as the fallback either way)."""
-        recover = self.runtime.running(Recover)
+        recover, elastic = self.runtime.running(Recover), self.runtime.running(Elastic)
         if recover is None or ttp.engine is None:
             return
         if ttp.engine == "mindio":  # MindIO's controller drives the repair through its handlers
             from ft_plugins.torch.megatron.mindio_recover import MindioRecovery
 
-            if self.runtime.running(Elastic) is not None:
+            if elastic is not None:
                 log.warning("elastic: not with MindIO's engine yet (its downgrade and upgrade handlers are not "
                             "registered): a lost rank with no replacement takes MindIO's dump")
-
             ttp.mindio.recovery = MindioRecovery(recover, ttp)
             self._add("recover", *ttp.mindio.recovery.patches())
-            return
-        elastic = self.runtime.running(Elastic)
-        if elastic is None:
+        elif elastic is None:
             from ft_plugins.torch.megatron.recover import MegatronRecovery
 
             self._add("recover", *MegatronRecovery(recover, ttp).patches())
-            return
-        from ft_plugins.torch.megatron.elastic import MegatronElastic
+        else:
+            from ft_plugins.torch.megatron.elastic import MegatronElastic
 
-        self._add("recover", *MegatronElastic(recover, ttp, elastic).patches())
+            self._add("recover", *MegatronElastic(recover, ttp, elastic).patches())
 
     def _clean_exit_patches(self) -> tuple[Patch, ...]:
         from ft_plugins.torch.clean_exit import CLEAN_EXIT
