@@ -1,6 +1,7 @@
 """A tiny Hugging Face Trainer job (GPT-2 built from a config, synthetic tokens, CPU) for fault drills.
 
-    torchrun --nproc-per-node 2 train.py OUT [--steps 12] [--save-steps 4] [--limit N] [--final FILE] [--jit-checkpoint]
+    torchrun --nproc-per-node 2 train.py OUT [--steps 12] [--save-steps 4] [--gradient-accumulation-steps 1] [--limit N]
+        [--final FILE] [--jit-checkpoint]
 
 It resumes from ``OUT`` when a checkpoint is there (``resume_from_checkpoint=True``), trains with a
 constant learning rate (so a resumed run ends where an uninterrupted one does) and dropout on, and
@@ -40,13 +41,15 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--save-steps", type=int, default=4)
+    parser.add_argument("--gradient-accumulation-steps", type=int, default=1)
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--final", default="")
     parser.add_argument("--jit-checkpoint", action="store_true", help="transformers 5's SIGTERM save")
     options = parser.parse_args()
     set_seed(7)
     args = TrainingArguments(output_dir=options.out, max_steps=options.steps, save_steps=options.save_steps,
-                             save_total_limit=options.limit, per_device_train_batch_size=2, learning_rate=1e-3,
+                             save_total_limit=options.limit, per_device_train_batch_size=2,
+                             gradient_accumulation_steps=options.gradient_accumulation_steps, learning_rate=1e-3,
                              lr_scheduler_type="constant", logging_steps=1, report_to=[], use_cpu=True,
                              ddp_backend="gloo", seed=7, disable_tqdm=True, dataloader_num_workers=0,
                              **({"enable_jit_checkpoint": True} if options.jit_checkpoint else {}))

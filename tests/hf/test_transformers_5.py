@@ -5,7 +5,7 @@ checkpoint crashed the resume and the rotation could delete the only complete on
 with its reason, nothing is rotated while a newer save is uncommitted, and the resumed run ends bit-identical
 (model and optimizer) to the uninterrupted one. ``ttp``'s dump with transformers' own SIGTERM saver
 (``enable_jit_checkpoint``) on: one saver acts (the dump), torchrun's restart from it ends bit-identical, and
-``ft-plugins report`` reads the Trainer job's events."""
+``ft-plugins report`` reads the Trainer job's events. Rank 0 lost: rank 1 writes the whole dump."""
 
 from __future__ import annotations
 
@@ -113,3 +113,16 @@ def test_dump_with_the_jit_saver_on_restart_bit_identical_and_the_report_names_t
     assert_agrees(report["faults"][0]["to_training"], again - killed, report["faults"][0])
     assert report["faults"][0]["phases"]["dump"] > 0, report
     assert 0 < report["goodput_percent"] < 100
+
+
+def test_rank_0_lost_rank_1_dumps_the_whole_checkpoint_and_the_restart_is_bit_identical(
+        reference: Job, tmp_path: Path) -> None:
+    """transformers 5's ``_save`` writes the model only on process 0: the dump's writer, rank 1 here, writes it as
+    process 0 would (before, its dump failed and the job fell back to its last periodic save)."""
+    job = run_trainer(tmp_path, tmp_path / "out", *ARGS, launcher=("--standalone", "--max-restarts", "1"),
+                      FT_PLUGINS="resume,ttp", FT_PLUGINS_INJECT_FAULT="rank=0,step=5,kind=kill,at=forward", **NEWEST)
+    _on_newest(job)
+    dumps = job.lines("dumped")
+    assert len(dumps) == 1 and "rank 1 dumped" in dumps[0] and "checkpoint-5 in" in dumps[0], job.output[-3000:]
+    assert len(job.lines(f"newest checkpoint {tmp_path / 'out' / 'checkpoint-5'} is intact")) == 1, job.output[-6000:]
+    assert same_state(reference.final, job.final) == []

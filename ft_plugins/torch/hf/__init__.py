@@ -2,7 +2,8 @@
 accelerate are imported (before or after ft_plugins).
 
 One module per feature, each one patch set over the framework-neutral core: :mod:`.mstx`, :mod:`.taskd`,
-:mod:`.resume` (Trainer) and :mod:`.accelerate` (Accelerator), :mod:`.ttp`, the job's events (:mod:`.recording`),
+:mod:`.resume` (Trainer) and :mod:`.accelerate` (Accelerator), :mod:`.elastic` (the Trainer resumed by another
+number of processes), :mod:`.ttp`, the job's events (:mod:`.recording`),
 and the fire drills of ``FT_PLUGINS_INJECT_FAULT`` (:mod:`.drill`); the faults drill is applied before ``ttp``, so
 ``ttp`` has seen the step (or the update) begin when a fault fires. The Trainer's own events (step begin / end)
 reach the features through :class:`FaultToleranceCallback`, which every Trainer gets once: added by the
@@ -22,6 +23,7 @@ from typing import Any, Callable
 
 from ft_plugins import events as job_events
 from ft_plugins.config import INJECT_VAR
+from ft_plugins.features.elastic import Elastic
 from ft_plugins.features.mstx import Mstx
 from ft_plugins.features.resume import Resume
 from ft_plugins.features.taskd import Taskd
@@ -60,9 +62,11 @@ class HFIntegration:
             from ft_plugins.torch.hf.taskd import WorkerStart
 
             self._add("taskd", WorkerStart(taskd))
-        resume = runtime.running(Resume)
+        resume, elastic = runtime.running(Resume), runtime.running(Elastic)
         if resume is not None:
-            self._defer("resume", lambda: _resume_parts(resume))
+            self._defer("resume", lambda: _resume_parts(resume, said_only=elastic is None))
+        if elastic is not None:
+            self._defer("elastic", _elastic_parts)
         if os.environ.get(INJECT_VAR, "").strip():
             self._defer("faults", _drill_parts)
         ttp = runtime.running(Ttp)
@@ -120,11 +124,21 @@ def _patches_of(parts: tuple[Any, ...]) -> tuple[Patch, ...]:
     return tuple(patch for part in parts for patch in part.patches())
 
 
-def _resume_parts(resume: Resume) -> tuple[Any, ...]:
+def _resume_parts(resume: Resume, said_only: bool) -> tuple[Any, ...]:
+    """``said_only``: a resume by another number of processes is said (``elastic`` is off: nothing keeps its
+    global batch)."""
     from ft_plugins.torch.hf.accelerate import AcceleratorResume
+    from ft_plugins.torch.hf.elastic import TrainerResize
     from ft_plugins.torch.hf.resume import TrainerResume
 
-    return TrainerResume(resume), AcceleratorResume(resume)
+    resize = (TrainerResize(keep=False),) if said_only else ()
+    return TrainerResume(resume), AcceleratorResume(resume), *resize
+
+
+def _elastic_parts() -> tuple[Any, ...]:
+    from ft_plugins.torch.hf.elastic import TrainerResize
+
+    return (TrainerResize(keep=True),)
 
 
 def _drill_parts() -> tuple[Any, ...]:

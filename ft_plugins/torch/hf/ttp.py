@@ -33,8 +33,9 @@ import re
 import shutil
 import signal
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ft_plugins import events
 from ft_plugins.checkpoint import commit as commit_checkpoint
@@ -161,6 +162,10 @@ class TrainerDump:
             log.warning("ttp: %s: no RNG state came from rank(s) %s within %.0f s (lost, their state with them): "
                         "their rng_state files in checkpoint-%d are copies of rank %d's", reason,
                         ", ".join(map(str, lost)), PEER_WAIT, step, rank)
+        from ft_plugins.checkpoint.layouts.hf import HuggingFace
+
+        if not set(os.listdir(staging)) & set(HuggingFace.WEIGHTS):
+            raise RuntimeError(f"the Trainer wrote no model weights into {staging}: not committed")
         commit_checkpoint(staging)
         put_in_place(staging, final)
         self.feature.saves.append(final)
@@ -265,13 +270,30 @@ def _write_checkpoint(trainer: Any, directory: str, rng: dict[str, Any]) -> None
     archive (the largest file: the moments in fp32) ``torch.save``'s, its CRC-32s by zlib-ng (:mod:`..saving`)."""
     from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME
 
-    trainer._save(directory)
+    os.makedirs(directory, exist_ok=True)
+    with _as_process_zero(trainer.args):
+        trainer._save(directory)
     saving.save(trainer.optimizer.state_dict(), os.path.join(directory, OPTIMIZER_NAME))
     saving.save(trainer.lr_scheduler.state_dict(), os.path.join(directory, SCHEDULER_NAME))
     restore(rng)  # this process exits after the dump: its own RNG no longer matters
     trainer._save_rng_state(directory)
     _export_callback_states(trainer)
     trainer.state.save_to_json(os.path.join(directory, TRAINER_STATE_NAME))
+
+
+@contextmanager
+def _as_process_zero(args: Any) -> Iterator[None]:
+    """The dump's writer is whichever survivor claims it; transformers 5's ``_save`` writes the model only on process
+    0: where ``should_save`` (read from ``distributed_state``), and then in ``save_pretrained`` only where torch's
+    process group says rank 0. For the save, this process is alone (it exits after the dump; no collective follows)."""
+    import torch.distributed
+
+    state, initialized = getattr(args, "distributed_state", None), torch.distributed.is_initialized
+    args.distributed_state, torch.distributed.is_initialized = None, lambda: False
+    try:
+        yield
+    finally:
+        args.distributed_state, torch.distributed.is_initialized = state, initialized
 
 
 def _export_callback_states(trainer: Any) -> None:

@@ -28,7 +28,7 @@ from ft_plugins.features.resume import Resume
 from ft_plugins.features.taskd import Taskd
 from ft_plugins.features.ttp import Ttp
 from ft_plugins.patching import MissingSymbol, Patch, PatchSet
-from ft_plugins.rank import global_rank
+from ft_plugins.rank import global_rank, on_rank_zero
 from ft_plugins.runtime import Runtime
 from ft_plugins.torch.megatron.state import (CHECKPOINTING, INITIALIZE, MINDSPEED_LLM_TRAINING, OPTIMIZER, TRAINING,
                                              UPDATES, current_iteration, megatron_version)
@@ -95,6 +95,8 @@ class MegatronIntegration:
         """``recover`` on ttp's engine: the built-in one's protocol, or MindIO's handlers (its step tracker, its
         dump as the fallback either way)."""
         recover, elastic = self.runtime.running(Recover), self.runtime.running(Elastic)
+        if recover is None and elastic is not None:
+            self._add("elastic", Patch(TRAINING, "pretrain", _elastic_needs_recover))
         if recover is None or ttp.engine is None:
             return
         if ttp.engine == "mindio":  # MindIO's controller drives the repair through its handlers
@@ -192,3 +194,10 @@ def _resume_patches(resume: Resume) -> tuple[Patch, ...]:
     glue = MegatronResume(resume)
     return (Patch(CHECKPOINTING, "load_checkpoint", glue.load_checkpoint),
             Patch(CHECKPOINTING, "save_checkpoint", glue.save_checkpoint))
+
+
+def _elastic_needs_recover(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Said as Megatron's training begins, not at import (a Trainer job imports this glue too)."""
+    on_rank_zero(log.warning, "elastic: Megatron's scale-in works on top of recover, which is off: a lost rank takes "
+                 "ttp's dump (FT_PLUGINS=ttp,recover,elastic)")
+    return wrapped(*args, **kwargs)
