@@ -1,6 +1,6 @@
 """Fault injection for fire drills: ``FT_PLUGINS_INJECT_FAULT`` makes a worker fail on purpose.
 
-``rank=R,step=N,kind=kill|term|exception|exit|hang|stuck|slow[,at=forward|update|save|join|data|collective]``
+``rank=R,step=N,kind=kill|term|exception|exit|hang|stuck|slow[,at=forward|update|save|join|regroup|data|collective]``
 ``[,attempt=A][,life=L][,seconds=S]``; ``hang`` blocks for good, ``stuck`` too and ignores SIGTERM besides (a
 process in a driver call: only SIGKILL ends it), ``slow`` pauses ``S`` seconds (default 10) and goes on.
 ``at=data`` fires as the step asks for its first batch, ``at=collective`` blocks in a collective no peer
@@ -10,7 +10,8 @@ profiler range is ``step N``), so a dump that loses nothing holds iteration N. A
 per job: on launcher attempt ``A`` only (default 0; torchrun's ``TORCHELASTIC_RESTART_COUNT``),
 so the restarted job trains on; and in life ``L`` of the rank only (default 0: the process first
 started; 1: its first in-place replacement, ``recover``), so a replacement does not fire its
-predecessor's fault again. ``at=join`` fires in a replacement as it joins the survivors. Parsing is framework-neutral; where each ``at`` point lies is the
+predecessor's fault again. ``at=join`` fires in a replacement as it joins the survivors, ``at=regroup`` in every
+rank of a repair (or a scale-in) as it is about to build the groups again. Parsing is framework-neutral; where each ``at`` point lies is the
 framework glue's business.
 """
 
@@ -34,7 +35,7 @@ log = logging.getLogger("ft_plugins.faults")
 KINDS = ("kill", "term", "exception", "exit", "hang", "stuck", "slow")
 KEYS = ("rank", "step", "kind", "at", "attempt", "life", "seconds")
 SLOW = 10  # seconds a ``slow`` fault lasts unless ``seconds=`` says
-POINTS = ("forward", "update", "save", "join", "data", "collective")
+POINTS = ("forward", "update", "save", "join", "regroup", "data", "collective")
 EXAMPLE = "rank=1,step=3,kind=kill,at=forward"
 # what each kind is in the job's events (``slow`` is no fault)
 FAULT_KINDS = {"kill": "death", "term": "signal", "exception": "exception", "exit": "exception", "hang": "hang",

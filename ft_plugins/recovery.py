@@ -13,6 +13,8 @@ generation; the workers (:mod:`ft_plugins.torch.megatron.recover`) meet in it. E
 | ``g<G>/published`` | each survivor (``add``) | survivors whose standing is there |
 | ``g<G>/standings`` | the last survivor to publish | every survivor's standing is there (the replacement reads them) |
 | ``g<G>/joined`` | the replacement | it is ready to rebuild the groups with the survivors |
+| ``g<G>/arrivals`` | every rank of the rebuilt job (``add``) | ranks there to build the groups again |
+| ``g<G>/arrived`` | the last of them | every rank is there: the groups are built |
 | ``g<G>/done`` | every rank (``add``) | ranks that finished generation G's repair |
 | ``g<G>/member/<rank>`` | each survivor, with ``elastic`` | its node and the ranks of its model replica |
 | ``g<G>/proposer`` | each survivor left without a replacement (``add``) | the first of them proposes the members |
@@ -122,8 +124,9 @@ def key(generation: int, name: str) -> str:
 
 STANDINGS = "standings"
 MEMBERS = "members"
+ARRIVED = "arrived"
 NODES = "nodes"
-WAITED = ("lost", "joined", STANDINGS, MEMBERS)  # the keys of a generation that a rank waits on
+WAITED = ("lost", "joined", STANDINGS, MEMBERS, ARRIVED)  # the keys of a generation that a rank waits on
 
 
 class Fallback(RuntimeError):
@@ -160,6 +163,15 @@ def await_keys(store: Any, generation: int, names: list[str], what: str, timeout
         raise Fallback(store.get(abandoned).decode())
     multi_get = getattr(store, "multi_get", None)  # one request for them all (torch 2.4 on)
     return list(multi_get(wanted)) if multi_get is not None else [store.get(name) for name in wanted]
+
+
+def arrive(store: Any, generation: int, world: int, timeout: float) -> None:
+    """Every rank of the rebuilt job is there before any builds a group with it: one lost meanwhile (a second fault)
+    is a Late after ``timeout``, where the groups' rendezvous would wait for it the job's distributed timeout
+    (Megatron's 10 minutes). The last to arrive says so: three requests per rank."""
+    if store.add(key(generation, "arrivals"), 1) == world:
+        store.set(key(generation, ARRIVED), "1")
+    await_keys(store, generation, [ARRIVED], "every rank of the rebuilt job", timeout)
 
 
 def standings(store: Any, generation: int, world: int, timeout: float) -> dict[int, Standing]:

@@ -32,7 +32,8 @@ SHARING = {
 # run does not end with one of them running alone while the other worker idles.
 LONGEST_FIRST = (
     "torch_megatron/test_megatron_newest_suite.py", "torch_megatron/test_megatron_lm_refs.py",
-    "megatron-4-ranks", "hf-trainer", "megatron-2-ranks", "torch_megatron/test_pipeline_recover.py",
+    "torch_megatron/test_elastic.py", "megatron-4-ranks", "hf-trainer", "megatron-2-ranks",
+    "torch_megatron/test_pipeline_recover.py",
     "torch_megatron/test_mixed_precision_recover.py", "torch_megatron/test_replicated_dump.py",
     "torch_megatron/test_torch_dist.py", "torch_megatron/test_rampup_recover.py", "torch_megatron/test_moe_recover.py",
     "hf/test_transformers_5.py", "hf/test_transformers_5_first.py",

@@ -46,23 +46,28 @@ DEFAULTS = [
 ]
 
 
+VALIDATION = 1_000_000  # the first validation sample's index: its samples are none of training's
+
+
 class RandomTokens(torch.utils.data.Dataset):
     """Deterministic token sequences: sample i is the same on every run and every rank."""
 
-    def __init__(self, size: int, seq_length: int, vocab: int) -> None:
-        self.size, self.seq_length, self.vocab = size, seq_length, vocab
+    def __init__(self, size: int, seq_length: int, vocab: int, first: int = 0) -> None:
+        self.size, self.seq_length, self.vocab, self.first = size, seq_length, vocab, first
 
     def __len__(self) -> int:
         return self.size
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        index += self.first
         generator = torch.Generator().manual_seed(index)
         return {"tokens": torch.randint(0, self.vocab, (self.seq_length + 1,), generator=generator), "index": index}
 
 
 def datasets_provider(num_samples, vp_stage=None):  # one iterator per model chunk with virtual pipeline stages
     args = get_args()
-    return RandomTokens(max(num_samples[0], 1), args.seq_length, args.vocab_size), None, None
+    validation = RandomTokens(num_samples[1], args.seq_length, args.vocab_size, VALIDATION) if num_samples[1] else None
+    return RandomTokens(max(num_samples[0], 1), args.seq_length, args.vocab_size), validation, None
 
 
 datasets_provider.is_distributed = True
@@ -89,7 +94,8 @@ def loss_func(loss_mask, output_tensor):
 
 def forward_step(data_iterator, model):
     batch = next(data_iterator)
-    log_samples(batch["index"])
+    if model.training:  # a training step's samples, not an evaluation's
+        log_samples(batch["index"])
     tokens = batch["tokens"]
     inputs, labels = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
     position_ids = torch.arange(inputs.shape[1]).unsqueeze(0).expand_as(inputs)

@@ -6,7 +6,7 @@ Megatron's ``pretrain()`` on CPU (gloo), the ordinary optimizer. Rank 2 stands s
 SIGKILLed whole (agent and workers): no replacement can come.
 
 - DP=4 -> 2: the survivors go on after ``FT_PLUGINS_ELASTIC_WAIT`` seconds; the saves of steps 3 (Megatron's own,
-  at the change of micro-batches per rank) and 6 equal, bit for bit (model, optimizer, scheduler, RNG, counters),
+  at the change of micro-batches per rank) and 6, and the evaluations at steps 3 and 6 and at the end, equal, bit for bit (model, optimizer, scheduler, RNG, counters),
   those of Megatron's own resume at DP=2 from the uninterrupted DP=4 run's save of step 2; they differ from that
   run's own (the arithmetic at DP=2 is another: the comparison can fail). Every step read exactly its global batch
   (criterion S2): samples ``[(s-1)·G, s·G)``, each once, at the size that completed it.
@@ -24,6 +24,13 @@ SIGKILLed whole (agent and workers): no replacement can come.
   yet: after the same wait the survivors dump step 2 from the instance left, and torchrun restarts the job at DP=2
   (``--max-restarts 1``), resuming from the dump: bit for bit (``distrib_optim.pt`` whole) Megatron's own resume at
   DP=2 from its DP=4 save of step 2, not after ``recover``'s timeout.
+- Four nodes of one rank, node 3 lost in step 3 and node 2 as it is about to rebuild the groups for the scale-in
+  (a second fault): the survivors wait recover's timeout, not the groups' rendezvous's 10 minutes, dump step 2 (bit
+  for bit the DP=4 save of it), and torchrun restarts the job on the two nodes left from the dump, bit for bit
+  Megatron's own resume at DP=2.
+- Four nodes of one rank, the global batch 4, node 3 lost: DP=3 does not divide it; with Megatron's own
+  ``--decrease-batch-size-if-needed`` it becomes 3 (said in the line), every later step reads exactly its 3 samples,
+  and the end is bit for bit Megatron's own resume at DP=3 with the same switch.
 - Without ``elastic`` (negative control), the same loss: the survivors wait for a replacement until recover's
   timeout, then dump step 2 and the job ends; step 3 is never trained.
 - The lost node comes back after the scale-in (while rank 0 stands in the save of step 3): torchrun's agent stops
@@ -59,6 +66,9 @@ PIPELINE = Launch(4, ("--pipeline-model-parallel-size", "2", "--bf16", "--micro-
 STAGES = ("mp_rank_00_000", "mp_rank_00_001")
 SHARDED = ("--use-distributed-optimizer", "--num-distributed-optimizer-instances", "2")  # ttp's replicas, by hand
 TP_ALONE = Launch(2, TP.args, TP.env)  # TP=2 x DP=1
+BATCH12 = ("--micro-batch-size", "1", "--global-batch-size", "12")  # whole at DP=4, 3 and 2
+ROUNDING = "--decrease-batch-size-if-needed"  # Megatron's own: a global batch the size does not divide, rounded down
+EVALUATED = ("--eval-iters", "1", "--eval-interval", "3")  # evaluations at steps 3 and 6 (at DP=2) and at the end
 
 
 def _megatron_resume(reference: Job, launch: Launch, workdir: Path, *args: str, step: int = COMPLETED) -> Job:
@@ -77,13 +87,22 @@ def _megatron_resume(reference: Job, launch: Launch, workdir: Path, *args: str, 
 def scaled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Nodes, Path]:
     workdir = tmp_path_factory.mktemp("scaled")
     samples = workdir / "samples"
-    job = elastic_job(workdir, "--train-iters", str(ITERS), "--ft-sample-log", str(samples), lose=(2,), **ELASTIC)
+    job = elastic_job(workdir, "--train-iters", str(ITERS), "--ft-sample-log", str(samples), *EVALUATED, lose=(2,),
+                      **ELASTIC)
     return job, samples
 
 
 @pytest.fixture(scope="module")
 def resumed_at_dp2(dp4_reference: Job, tmp_path_factory: pytest.TempPathFactory) -> Job:
     return _megatron_resume(dp4_reference, DP2, tmp_path_factory.mktemp("resumed_at_dp2"))
+
+
+@pytest.fixture(scope="module")
+def evaluated_at_dp2(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    """Megatron's own resume at DP=2, from a DP=4 run's save of step 2, both evaluating as the scaled-in run does
+    (a job with a validation set draws once more from torch's generator as it builds its data iterators)."""
+    reference = DP4.reference(tmp_path_factory.mktemp("evaluated_dp4"), *EVALUATED)
+    return _megatron_resume(reference, DP2, tmp_path_factory.mktemp("evaluated_at_dp2"), *EVALUATED)
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +146,32 @@ def twice(tmp_path_factory: pytest.TempPathFactory) -> Nodes:
 
 
 @pytest.fixture(scope="module")
+def lost_in_scale_in(tmp_path_factory: pytest.TempPathFactory) -> Nodes:
+    """Node 3 lost in step 3; node 2 lost as its rank is about to build the groups of the scale-in."""
+    workdir = tmp_path_factory.mktemp("lost_in_scale_in")
+    faults = f"rank=3,step={COMPLETED},kind=stuck;rank=2,step=0,kind=stuck,at=regroup"
+    return elastic_job(workdir, "--train-iters", str(ITERS), "--global-batch-size", "12", "--load",
+                       str(workdir / "ckpt"), nodes=4, per_node=1, lose=(3, 2), restarts=1, last_call=10,
+                       FT_PLUGINS_RECOVER_TIMEOUT="10", **{**ELASTIC, "FT_PLUGINS_INJECT_FAULT": faults})
+
+
+@pytest.fixture(scope="module")
+def rounded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Nodes, Path]:
+    """Four nodes of one rank, the global batch 4, node 3 lost: DP=3 does not divide it, Megatron's own
+    ``--decrease-batch-size-if-needed`` makes it 3."""
+    workdir = tmp_path_factory.mktemp("rounded")
+    samples = workdir / "samples"
+    job = elastic_job(workdir, "--train-iters", str(ITERS), "--ft-sample-log", str(samples), ROUNDING, nodes=4,
+                      per_node=1, lose=(3,), **{**ELASTIC, "FT_PLUGINS_INJECT_FAULT": f"rank=3,step={COMPLETED},kind=stuck"})
+    return job, samples
+
+
+@pytest.fixture(scope="module")
+def dp4_batch12(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    return Launch(4, BATCH12).reference(tmp_path_factory.mktemp("dp4_batch12"))
+
+
+@pytest.fixture(scope="module")
 def pipelined(tmp_path_factory: pytest.TempPathFactory) -> Nodes:
     return elastic_job(tmp_path_factory.mktemp("pipelined"), "--train-iters", str(ITERS), *PIPELINE.args,
                        nodes=4, per_node=1, lose=(3,), **dict(PIPELINE.env),
@@ -154,15 +199,30 @@ def test_a_lost_node_the_survivors_train_on_at_half_the_size_in_place(scaled: tu
 
 
 def test_the_scaled_in_run_is_megatrons_own_resume_at_the_smaller_size_bit_for_bit(
-        scaled: tuple[Nodes, Path], resumed_at_dp2: Job, dp4_reference: Job) -> None:
+        scaled: tuple[Nodes, Path], evaluated_at_dp2: Job, dp4_reference: Job) -> None:
     nodes, _ = scaled
     model = "mp_rank_00/model_optim_rng.pt"
     saved = sorted(path.name for path in nodes.job.save.glob("iter_*"))
     assert saved == [f"iter_{COMPLETED + 1:07d}", f"iter_{ITERS:07d}"], saved  # Megatron's save at 1 -> 2 micro-batches
     for step in (COMPLETED + 1, ITERS):
-        assert differences(nodes.job.iteration(step) / model, resumed_at_dp2.iteration(step) / model) == [], step
+        assert differences(nodes.job.iteration(step) / model, evaluated_at_dp2.iteration(step) / model) == [], step
     assert differences(nodes.job.iteration(ITERS) / model, dp4_reference.iteration(ITERS) / model), \
         "DP=2 and DP=4 sum the gradients in another order: equal to the DP=4 run would mean nothing was compared"
+
+
+def _validation(job: Job) -> dict[str, str]:
+    """Each evaluation's losses as Megatron prints them, by where it says it stands."""
+    found = [re.search(r"validation loss at (.+?) \| (.+)$", line) for line in job.lines("validation loss at")]
+    return {match.group(1): match.group(2) for match in found if match}
+
+
+def test_the_evaluations_after_the_scale_in_read_what_megatrons_own_resume_reads(
+        scaled: tuple[Nodes, Path], evaluated_at_dp2: Job) -> None:
+    """The validation iterator is built again too, at the validation samples consumed: the evaluations at DP=2 print
+    the losses of Megatron's own resume at DP=2 (the old iterator at the DP=4 layout reads other samples)."""
+    nodes, _ = scaled
+    evaluated, reference = _validation(nodes.job), _validation(evaluated_at_dp2)
+    assert len(reference) == 3 and evaluated == reference, (evaluated, reference)
 
 
 def _reads(samples: Path) -> dict[tuple[int, int], list[int]]:
@@ -284,18 +344,57 @@ def test_the_distributed_optimizer_takes_the_dump_after_the_wait_and_restarts_at
 
 
 def test_two_nodes_lost_in_turn_the_job_scales_in_twice_and_stays_megatrons_own_resume(
-        twice: Nodes, tmp_path_factory: pytest.TempPathFactory) -> None:
+        twice: Nodes, dp4_batch12: Job, tmp_path_factory: pytest.TempPathFactory) -> None:
     assert twice.codes[:2] == (0, 0) and twice.codes[2:] == (-9, -9), twice.outputs[0][-5000:]
     assert twice.job.lines("3 ranks go on at data-parallel size 3 (was 4), the global batch 12 kept")
     assert twice.job.lines("2 ranks go on at data-parallel size 2 (was 3), the global batch 12 kept")
     for step in range(1, ITERS + 1):
         assert len(twice.job.lines(f"iteration        {step}/       {ITERS}")) == 1, step
-    batch = ("--micro-batch-size", "1", "--global-batch-size", "12")
-    reference = Launch(4, batch).reference(tmp_path_factory.mktemp("dp4_batch12"))
-    at_three = _megatron_resume(reference, Launch(3, batch), tmp_path_factory.mktemp("at_dp3"))
-    at_two = _megatron_resume(at_three, Launch(2, batch), tmp_path_factory.mktemp("at_dp2"), step=COMPLETED + 2)
+    at_three = _megatron_resume(dp4_batch12, Launch(3, BATCH12), tmp_path_factory.mktemp("at_dp3"))
+    at_two = _megatron_resume(at_three, Launch(2, BATCH12), tmp_path_factory.mktemp("at_dp2"), step=COMPLETED + 2)
     model = "mp_rank_00/model_optim_rng.pt"
     assert differences(twice.job.iteration(ITERS) / model, at_two.iteration(ITERS) / model) == []
+
+
+def test_a_node_lost_during_the_scale_in_the_survivors_dump_in_bounded_time_and_restart_at_the_size_left(
+        lost_in_scale_in: Nodes, dp4_batch12: Job, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A second fault while the survivors rebuild their groups for the scale-in: they do not wait for the lost rank
+    in the groups' rendezvous (Megatron's distributed timeout, 10 minutes) but recover's timeout, say so in one
+    line, dump step 2 and torchrun restarts the job on the two nodes left, from the dump: bit for bit Megatron's own
+    resume at DP=2."""
+    nodes = lost_in_scale_in
+    assert nodes.codes[:2] == (0, 0) and nodes.codes[2:] == (-9, -9), nodes.outputs[0][-5000:]
+    assert nodes.job.lines("3 ranks go on at data-parallel size 3 (was 4), the global batch 12 kept")
+    for survivor in (0, 1):
+        assert nodes.job.lines(f"[ft_plugins.recover rank {survivor}] ERROR recover: generation 1 cannot recover: "
+                               "every rank of the rebuilt job did not come within 10 s; falling back to ttp's dump"), \
+            nodes.job.output[-5000:]
+    assert nodes.job.lines(f"loading checkpoint from {nodes.job.save} at iteration {COMPLETED}")
+    at_two = _megatron_resume(dp4_batch12, Launch(2, BATCH12), tmp_path_factory.mktemp("batch12_at_dp2"))
+    model = "mp_rank_00/model_optim_rng.pt"
+    assert differences(nodes.job.iteration(COMPLETED) / model, dp4_batch12.iteration(COMPLETED) / model) == []
+    assert differences(nodes.job.iteration(ITERS) / model, at_two.iteration(ITERS) / model) == []
+
+
+def test_a_size_that_does_not_divide_the_batch_rounds_it_down_as_megatrons_own_resume_does(
+        rounded: tuple[Nodes, Path], dp4_reference: Job, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """With ``--decrease-batch-size-if-needed``, DP=4 -> 3 with the global batch 4: the line says the batch is now 3;
+    every later step reads exactly its 3 samples after the 8 of steps 1 and 2, and the end is bit for bit Megatron's
+    own resume at DP=3 with the same switch (without it, the scale-in falls back: the start-up line says so)."""
+    nodes, samples = rounded
+    assert nodes.codes[:3] == (0, 0, 0), nodes.outputs[0][-5000:]
+    assert nodes.job.lines("3 ranks go on at data-parallel size 3 (was 4), the global batch now 3 (was 4: Megatron's "
+                           "--decrease-batch-size-if-needed)")
+    assert nodes.job.lines("the global batch 4 is kept at data-parallel sizes 2, 1 (Megatron's "
+                           "--decrease-batch-size-if-needed rounds it down at the others)")
+    reads = _reads(samples)
+    for step in range(1, ITERS + 1):
+        start = (step - 1) * 4 if step <= COMPLETED else COMPLETED * 4 + (step - COMPLETED - 1) * 3
+        world = 4 if step <= COMPLETED else 3
+        assert sorted(reads[step, world]) == list(range(start, start + world)), step
+    resumed = _megatron_resume(dp4_reference, Launch(3, DP4.args), tmp_path_factory.mktemp("rounded_at_dp3"), ROUNDING)
+    model = "mp_rank_00/model_optim_rng.pt"
+    assert differences(nodes.job.iteration(ITERS) / model, resumed.iteration(ITERS) / model) == []
 
 
 def test_pipeline_stages_kept_the_healthy_rank_of_the_dropped_replica_leaves(

@@ -9,8 +9,8 @@ lost one is dropped, the others are numbered again in their order, so that the i
 i, which is Megatron's own layout at the smaller data-parallel size. Megatron's groups are built for the new world
 (:mod:`.regroup`); what Megatron computes from the data-parallel size when it builds a job is set again (the
 gradient buffers' scaling before the reduction, the micro-batch calculator, the arguments); the state of the
-newest completed step K goes to every rank that lacks it (:mod:`.handover`); the data iterators are built again by
-Megatron at K's consumed samples; and training goes on at K + 1 with the global batch kept (more micro-batches
+newest completed step K goes to every rank that lacks it (:mod:`.handover`); the data iterators, training's and
+validation's, are built again by Megatron at the samples each consumed; and training goes on at K + 1 with the global batch kept (more micro-batches
 per rank). That is what Megatron's own resume at the smaller size from a save of K does, without a process
 restarted or a file read.
 
@@ -39,6 +39,7 @@ from ft_plugins.features.recover import Recover
 from ft_plugins.patching import Patch
 from ft_plugins.rank import global_rank, on_rank_zero
 from ft_plugins.recovery import NODES, REFUSED, Fallback, Late, Member, Standing, going_on, key, members
+from ft_plugins.torch.megatron import loop
 from ft_plugins.torch.megatron.recover import MegatronRecovery
 from ft_plugins.torch.megatron.state import TRAINING, megatron
 from ft_plugins.torch.megatron.ttp import MegatronTtp
@@ -69,6 +70,15 @@ def smaller_sizes(megatron_args: Any) -> list[int]:
     per_replica = megatron_args.micro_batch_size
     return [size for size in range(megatron_args.data_parallel_size - 1, 0, -1)
             if megatron_args.global_batch_size % (per_replica * size) == 0]
+
+
+def global_batch(megatron_args: Any, size: int) -> int:
+    """The global batch at data-parallel size ``size``: the run's, or with ``--decrease-batch-size-if-needed`` where
+    the size does not divide it, the largest multiple of micro-batch x size below it (Megatron's own rounding)."""
+    whole = megatron_args.micro_batch_size * size
+    if megatron_args.global_batch_size % whole == 0:
+        return megatron_args.global_batch_size
+    return megatron_args.global_batch_size // whole * whole
 
 
 def relayout(model: list[Any], size: int) -> None:
@@ -104,6 +114,35 @@ def _replica() -> tuple[int, ...]:
     return tuple(dist.get_process_group_ranks(megatron("core.parallel_state").get_model_parallel_group()))
 
 
+class Reader:
+    """A data iterator whose source a scale-in replaces, as Megatron's ``RerunDataIterator`` reads ``iterable``."""
+
+    def __init__(self, iterable: Any) -> None:
+        self.iterable = iterable
+
+    def __iter__(self) -> "Reader":
+        return self
+
+    def __next__(self) -> Any:
+        return next(self.iterable)
+
+
+def readable(iterator: Any) -> Any:
+    """``iterator`` (one, a list of them, or None) with a source a scale-in can replace."""
+    if isinstance(iterator, list):
+        return [readable(member) for member in iterator]
+    return iterator if iterator is None or hasattr(iterator, "iterable") else Reader(iterator)
+
+
+def read_from(iterator: Any, built: Any) -> None:
+    """``iterator`` (:func:`readable`'s) reads on from what Megatron ``built`` again."""
+    if isinstance(iterator, list):
+        for member, new in zip(iterator, built):
+            read_from(member, new)
+    elif iterator is not None and built is not None:
+        iterator.iterable = getattr(built, "iterable", built)
+
+
 class MegatronElastic(MegatronRecovery):
     """``recover``'s worker side, going on at a smaller data-parallel size when no replacement comes."""
 
@@ -114,6 +153,7 @@ class MegatronElastic(MegatronRecovery):
         self.member: Member | None = None  # this rank, as the survivors of a loss must know it
         self.cannot = ""  # why this run cannot scale in
         self.resized = 0  # the data-parallel size a scale-in under way goes to
+        self.validation: Any = None  # train()'s validation iterator(s), :func:`readable`
 
     def patches(self) -> tuple[Patch, ...]:
         return (*super().patches(), Patch(TRAINING, "build_train_valid_test_data_iterators", self.data_iterators))
@@ -135,10 +175,17 @@ class MegatronElastic(MegatronRecovery):
         else:
             self.member = Member(dist.get_rank(), int(os.environ.get("GROUP_RANK", "0")), _replica())
             sizes = smaller_sizes(megatron_args)
+            others = ("Megatron's --decrease-batch-size-if-needed rounds it down at the others"
+                      if getattr(megatron_args, "decrease_batch_size_if_needed", False) else
+                      "the others take recover's fallback, or with --decrease-batch-size-if-needed round it down")
             on_rank_zero(log.info, "elastic: a lost rank not replaced within %.0f s: its model replica is dropped and "
-                         "training goes on in place; the global batch %d is kept at data-parallel size%s %s",
+                         "training goes on in place; the global batch %d is kept at data-parallel size%s %s (%s)",
                          self.elastic.settings["wait"], megatron_args.global_batch_size, "s" if len(sizes) > 1 else "",
-                         ", ".join(map(str, sizes)) or "none (every smaller size takes recover's fallback)")
+                         ", ".join(map(str, sizes)) or "none", others)
+        validation = kwargs["valid_data_iterator"] if "valid_data_iterator" in kwargs else (args[5:6] or [None])[0]
+        self.validation = readable(validation)
+        if self.validation is not validation:
+            args, kwargs = loop.replaced(args, kwargs, 5, "valid_data_iterator", self.validation)
         return super().train(wrapped, instance, args, kwargs)
 
     # -- the scale-in ------------------------------------------------------------------------------
@@ -174,18 +221,21 @@ class MegatronElastic(MegatronRecovery):
         shrinks = getattr(megatron_args, "decrease_batch_size_if_needed", False)  # Megatron's own rounding down
         if size not in smaller_sizes(megatron_args) and not shrinks:
             raise Fallback(f"the global batch {megatron_args.global_batch_size} is not a whole number of micro-batches "
-                           f"of {megatron_args.micro_batch_size} at data-parallel size {size}")
+                           f"of {megatron_args.micro_batch_size} at data-parallel size {size} (Megatron's "
+                           "--decrease-batch-size-if-needed rounds it down instead)")
         lost = sorted(set(range(world)) - set(found))
         self.resized = size
+        batch = global_batch(megatron_args, size)
         if rank == stay[0]:  # speaks for the job
             self.elastic.changes.append(f"generation {generation}: data-parallel {megatron_args.data_parallel_size} "
                                         f"-> {size}")
+            kept = (f"{batch} kept" if batch == megatron_args.global_batch_size else
+                    f"now {batch} (was {megatron_args.global_batch_size}: Megatron's --decrease-batch-size-if-needed)")
             log.warning("elastic: no replacement within %.0f s for rank%s %s: %d ranks go on at data-parallel size %d "
-                        "(was %d), the global batch %d kept", self.elastic.settings["wait"], "s" if len(lost) > 1 else "",
-                        ", ".join(map(str, lost)), len(stay), size, megatron_args.data_parallel_size,
-                        megatron_args.global_batch_size)
+                        "(was %d), the global batch %s", self.elastic.settings["wait"], "s" if len(lost) > 1 else "",
+                        ", ".join(map(str, lost)), len(stay), size, megatron_args.data_parallel_size, kept)
         events.emit("scale_in", generation=generation, lost=lost, world=len(stay), data_parallel=size,
-                    before=megatron_args.data_parallel_size)
+                    before=megatron_args.data_parallel_size, global_batch=batch)
         return stay.index(rank), len(stay)
 
     def _leave(self, generation: int, lost: list[int]) -> None:
@@ -219,10 +269,12 @@ class MegatronElastic(MegatronRecovery):
         counted, megatron_args.consumed_train_samples = megatron_args.consumed_train_samples, consumed
         try:
             args, kwargs = self.data
-            iterator = megatron("training.training").build_train_valid_test_data_iterators(*args, **kwargs)[0]
+            built = megatron("training.training").build_train_valid_test_data_iterators(*args, **kwargs)
+            iterator, validation = built[0], built[1]
         finally:
             megatron_args.consumed_train_samples = counted  # the loop counts a step a peer completed itself
         self.batches.source, self.batches.fetched, self.batches.replay = iterator, [], []
+        read_from(self.validation, validation)  # at the validation samples consumed, Megatron's own count
         self.resized = 0
         self.member = self.member._replace(rank=megatron_args.rank, replica=_replica())  # as the next loss needs it
         # the ranks are numbered anew, torchrun's are not: a worker of this node lost now is left to torchrun (the

@@ -43,9 +43,9 @@ from ft_plugins import events, faults, progress
 from ft_plugins.features.recover import Recover
 from ft_plugins.patching import Patch
 from ft_plugins.rank import global_rank, on_rank_zero
-from ft_plugins.recovery import (LOG, REFUSED, SAVE as SAVING, STANDINGS, STEP, Fallback, Standing, abandon, await_keys,
-                                 connect, key, mark_trained, plan, replacement, resume_collection, resumption,
-                                 standings, supervised)
+from ft_plugins.recovery import (LOG, REFUSED, SAVE as SAVING, STANDINGS, STEP, Fallback, Standing, abandon, arrive,
+                                 await_keys, connect, key, mark_trained, plan, replacement, resume_collection,
+                                 resumption, standings, supervised)
 from ft_plugins.steps import FORWARD, IDLE, UPDATED
 from ft_plugins.torch.megatron import loop
 from ft_plugins.torch.megatron.handover import (Batches, Chunks, apply, kept, receive, send, set_rng, state_at,
@@ -247,6 +247,8 @@ class MegatronRecovery:
                 if mine is None:
                     faults.Drill().reached("join")
                     store.set(key(generation, "joined"), str(rank))
+                faults.Drill().reached("regroup")
+                arrive(self._waiting_store(), generation, world, self.timeout)
                 from torch.distributed import PrefixStore
 
                 require_successors(self.regroup.join(rank, world, PrefixStore(key(generation, "world/"), store),
