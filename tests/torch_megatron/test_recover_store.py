@@ -13,7 +13,7 @@ from torch.distributed import PrefixStore, TCPStore
 
 from support import agent_store_client
 
-from ft_plugins.recovery import STANDINGS, Standing, abandon, key
+from ft_plugins.recovery import STANDINGS, Late, Standing, abandon, arrive, key
 from ft_plugins.torch.megatron.recover import Fallback, MegatronRecovery
 
 WORLD = 1024
@@ -75,3 +75,16 @@ def test_an_abandonment_leaves_a_key_already_set_as_it_was(store: Any) -> None:
 def test_a_key_that_never_comes_ends_the_wait_at_the_bound_saying_what_was_awaited(store: Any) -> None:
     with pytest.raises(Fallback, match="the replacement did not come within 1 s"):
         _rank(store, timeout=1.0)._await(4, ["joined"], "the replacement")
+
+
+def test_every_rank_of_a_rebuilt_job_arrives_in_a_few_requests_and_one_missing_is_late(store: Any) -> None:
+    """Before the groups are built again: the last to arrive says all are there; a rank lost meanwhile (a second
+    fault) leaves the others waiting the bound, not the groups' rendezvous's 10 minutes."""
+    for rank in range(WORLD - 1):
+        store.add(key(4, "arrivals"), 1)
+    counting = Mock(wraps=store)
+    arrive(counting, 4, WORLD, 60.0)  # the last one
+    requests = [call[0] for call in counting.mock_calls]
+    assert len(requests) <= 5, requests  # its count, its word, then a wait, a look for abandonment, one read
+    with pytest.raises(Late, match="every rank of the rebuilt job did not come within 1 s"):
+        arrive(store, 5, WORLD, 1.0)  # the first of a generation whose other ranks never come
