@@ -376,6 +376,17 @@ def test_a_node_lost_during_the_scale_in_the_survivors_dump_in_bounded_time_and_
     assert differences(nodes.job.iteration(ITERS) / model, at_two.iteration(ITERS) / model) == []
 
 
+def _evaluation_batch(size: int) -> tuple[str, ...]:
+    """megatron-core 0.19 checks an evaluation batch against the data-parallel size at start too (the global batch
+    unless ``--eval-global-batch-size``), whether the job evaluates or not: its own resume at a size that does not
+    divide the batch needs one the size divides, where the release has it."""
+    import inspect
+
+    import megatron.training.arguments as arguments  # the release under test
+
+    return ("--eval-global-batch-size", str(size)) if "eval_global_batch_size" in inspect.getsource(arguments) else ()
+
+
 def test_a_size_that_does_not_divide_the_batch_rounds_it_down_as_megatrons_own_resume_does(
         rounded: tuple[Nodes, Path], dp4_reference: Job, tmp_path_factory: pytest.TempPathFactory) -> None:
     """With ``--decrease-batch-size-if-needed``, DP=4 -> 3 with the global batch 4: the line says the batch is now 3;
@@ -392,7 +403,8 @@ def test_a_size_that_does_not_divide_the_batch_rounds_it_down_as_megatrons_own_r
         start = (step - 1) * 4 if step <= COMPLETED else COMPLETED * 4 + (step - COMPLETED - 1) * 3
         world = 4 if step <= COMPLETED else 3
         assert sorted(reads[step, world]) == list(range(start, start + world)), step
-    resumed = _megatron_resume(dp4_reference, Launch(3, DP4.args), tmp_path_factory.mktemp("rounded_at_dp3"), ROUNDING)
+    resumed = _megatron_resume(dp4_reference, Launch(3, DP4.args), tmp_path_factory.mktemp("rounded_at_dp3"), ROUNDING,
+                               *_evaluation_batch(3))
     model = "mp_rank_00/model_optim_rng.pt"
     assert differences(nodes.job.iteration(ITERS) / model, resumed.iteration(ITERS) / model) == []
 

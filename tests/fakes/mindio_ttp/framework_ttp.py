@@ -35,6 +35,7 @@ handlers = {}
 _state = {"step_args": None, "step": 0, "dumping": False, "updating": False, "dumps": {}, "controller": None,
           "arf": False, "arf_controller": False, "rank": 0, "world": 1}
 _lock = threading.Lock()
+_updates = threading.Lock()  # an update starting and a dump beginning decide one after the other, never both
 
 
 class ReportState(enum.Enum):
@@ -121,9 +122,10 @@ def tft_set_step_args(args):
 
 def tft_start_updating_os(backup_step=-1):
     record("tft_start_updating_os", backup_step)
-    if _state["dumping"]:
-        raise RuntimeError("tft_start_updating_os: a dump has started, the optimizer must not update")
-    _state["updating"] = True
+    with _updates:
+        if _state["dumping"]:
+            raise RuntimeError("tft_start_updating_os: a dump has started, the optimizer must not update")
+        _state["updating"] = True
 
 
 def tft_end_updating_os(step):
@@ -209,11 +211,17 @@ for _kind in ("save_ckpt", "rename", "exit", "stop", "clean", "repair", "rollbac
 def _dump_on_loss():
     """A peer's process is gone: once this rank's update (if any) has ended, dump its last step."""
     deadline = time.monotonic() + 10
-    while _state["updating"] and time.monotonic() < deadline:
+    while True:
+        with _updates:  # the step dumped stays the last completed: no update starts once the dump is decided
+            if not _state["updating"] or time.monotonic() >= deadline:
+                step = _state["step"]
+                if step >= 1 and "save_ckpt" in handlers:
+                    _state["dumping"] = True
+                break
         time.sleep(0.01)
-    if _state["step"] >= 1 and "save_ckpt" in handlers:
+    if step >= 1 and "save_ckpt" in handlers:
         try:
-            fake_controller_dying_gasp(_state["step"])
+            fake_controller_dying_gasp(step)
         except Exception as exc:  # the controller logs it; the training thread goes on to fail
             record("fake_controller_dump_failed", type(exc).__name__, str(exc))
 
