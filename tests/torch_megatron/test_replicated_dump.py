@@ -76,8 +76,16 @@ def test_plain_load_resumes_and_ends_bit_identical_optimizer_shards_included(one
 
 def test_one_rank_lost_in_each_instance_nothing_committed_and_each_survivor_says_why(
         tmp_path_factory: pytest.TempPathFactory) -> None:
-    job = DISTRIBUTED.run(tmp_path_factory.mktemp("replicated_both_hit"), *FAR, **TTP,
-               FT_PLUGINS_INJECT_FAULT=f"rank=1,step={STEP},kind=kill;rank=2,step={STEP},kind=kill")
+    """Both kills must fire: a rank 2 still short of its kill when torchrun's stop (after rank 1's death) reaches it
+    dumps on SIGTERM with its instance whole, and that dump is rightly committed. On a loaded machine that happens;
+    the job runs again then (at most three times)."""
+    for attempt in range(3):
+        job = DISTRIBUTED.run(tmp_path_factory.mktemp("replicated_both_hit"), *FAR, **TTP,
+                              FT_PLUGINS_INJECT_FAULT=f"rank=1,step={STEP},kind=kill;rank=2,step={STEP},kind=kill")
+        if len(job.lines("firing injected fault")) == 2:
+            break
+    else:
+        pytest.fail("rank 2 was stopped by torchrun before its own kill fired, three times")
     assert job.returncode != 0
     assert job.tracker() is None and not list(job.save.glob("iter_*")), "nothing written, nothing committed"
     for survivor in (0, 3):
