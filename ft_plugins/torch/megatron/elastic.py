@@ -10,9 +10,9 @@ i, which is Megatron's own layout at the smaller data-parallel size. Megatron's 
 (:mod:`.regroup`); what Megatron computes from the data-parallel size when it builds a job is set again (the
 gradient buffers' scaling before the reduction, the micro-batch calculator, the arguments); the state of the
 newest completed step K goes to every rank that lacks it (:mod:`.handover`); the data iterators, training's and
-validation's, are built again by Megatron at the samples each consumed; and training goes on at K + 1 with the global batch kept (more micro-batches
-per rank). That is what Megatron's own resume at the smaller size from a save of K does, without a process
-restarted or a file read.
+validation's, are built again by Megatron at the samples each consumed; and training goes on at K + 1 with the
+global batch kept (more micro-batches per rank). That is what Megatron's own resume at the smaller size from a save
+of K does, without a process restarted or a file read.
 
 A healthy rank of a dropped replica (with pipeline parallelism a node holds one stage of several replicas) leaves
 the job, exit code 0. Not yet, each refused at the start in one line (a lost node with no replacement within ``wait`` then takes
@@ -65,20 +65,17 @@ def unscalable(megatron_args: Any) -> str:
     return ""
 
 
+def global_batch(megatron_args: Any, size: int) -> int:
+    """The global batch at data-parallel size ``size``: the run's where it is whole micro-batches there, else the
+    largest multiple of micro-batch x size below it (Megatron's own rounding, ``--decrease-batch-size-if-needed``)."""
+    whole = megatron_args.micro_batch_size * size
+    return megatron_args.global_batch_size // whole * whole
+
+
 def smaller_sizes(megatron_args: Any) -> list[int]:
     """The data-parallel sizes below this run's at which its global batch is kept exactly (whole micro-batches)."""
-    per_replica = megatron_args.micro_batch_size
     return [size for size in range(megatron_args.data_parallel_size - 1, 0, -1)
-            if megatron_args.global_batch_size % (per_replica * size) == 0]
-
-
-def global_batch(megatron_args: Any, size: int) -> int:
-    """The global batch at data-parallel size ``size``: the run's, or with ``--decrease-batch-size-if-needed`` where
-    the size does not divide it, the largest multiple of micro-batch x size below it (Megatron's own rounding)."""
-    whole = megatron_args.micro_batch_size * size
-    if megatron_args.global_batch_size % whole == 0:
-        return megatron_args.global_batch_size
-    return megatron_args.global_batch_size // whole * whole
+            if global_batch(megatron_args, size) == megatron_args.global_batch_size]
 
 
 def relayout(model: list[Any], size: int) -> None:
@@ -218,14 +215,14 @@ class MegatronElastic(MegatronRecovery):
             self._leave(generation, sorted(set(range(world)) - set(found)))
         megatron_args = megatron("training.global_vars").get_args()
         size = len(stay) // len(self.member.replica)
+        batch = global_batch(megatron_args, size)
         shrinks = getattr(megatron_args, "decrease_batch_size_if_needed", False)  # Megatron's own rounding down
-        if size not in smaller_sizes(megatron_args) and not shrinks:
+        if batch != megatron_args.global_batch_size and not shrinks:
             raise Fallback(f"the global batch {megatron_args.global_batch_size} is not a whole number of micro-batches "
                            f"of {megatron_args.micro_batch_size} at data-parallel size {size} (Megatron's "
                            "--decrease-batch-size-if-needed rounds it down instead)")
         lost = sorted(set(range(world)) - set(found))
         self.resized = size
-        batch = global_batch(megatron_args, size)
         if rank == stay[0]:  # speaks for the job
             self.elastic.changes.append(f"generation {generation}: data-parallel {megatron_args.data_parallel_size} "
                                         f"-> {size}")
