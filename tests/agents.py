@@ -20,7 +20,7 @@ NODE_LOST = "firing injected fault"  # what the stuck rank says once it stands s
 # one thread per worker, as torchrun sets it for 2 processes or more per node (not for 1): the reference runs' own,
 # without which a matrix product sums in another order
 THREADS = {"OMP_NUM_THREADS": "1"}
-STARTED = 2.0  # seconds the first agent gets to bind the store before the second starts (and to have the lower pid)
+STARTED = 2.0  # seconds the first agent gets to bind the store before the second starts
 
 
 @dataclass
@@ -40,8 +40,9 @@ def run_agents(workdir: Path, script: Sequence[str], nodes: int = 2, per_node: i
                rejoin: str = "", restarts: int = 0, last_call: int = 30, timeout: float = 420,
                **env: str) -> Agents:
     """``script`` (the training script and its arguments) on ``nodes`` x ``per_node`` ranks as that many agents
-    (``--nnodes 1:NODES``), the first hosting the store and each started after the one before (so the ranks go up
-    with the nodes: c10d orders the agents by pid); ``lose``: global ranks, each of whose node is lost once that rank
+    (``--nnodes 1:NODES``), the first hosting the store, each with an address of its own in 127/8 that sorts after
+    the one before (c10d numbers the agents in the order of their address, then pid: pids wrap around on a busy
+    machine), so the ranks go up with the nodes; ``lose``: global ranks, each of whose node is lost once that rank
     fired its injected ``stuck`` fault (never the first node's); ``rejoin``: the line of the first node's output after
     which the (first) lost node comes back; ``restarts``: torchrun's ``--max-restarts``; ``last_call``: the seconds
     c10d's rendezvous waits for more nodes once it has the fewest (its default 30)."""
@@ -53,8 +54,8 @@ def run_agents(workdir: Path, script: Sequence[str], nodes: int = 2, per_node: i
     def start(node: int) -> None:
         command = [sys.executable, "-m", "ft_plugins.cli", "run", "--", TORCHRUN, "--nnodes", f"1:{nodes}",
                    "--nproc-per-node", str(per_node), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-                   "--rdzv-id", "elastic", "--rdzv-conf", f"is_host={int(node == 0)},last_call_timeout={last_call}",
-                   "--max-restarts", str(restarts), *script]
+                   "--rdzv-id", "elastic", "--local-addr", f"127.0.0.{node + 1}", "--rdzv-conf",
+                   f"is_host={int(node == 0)},last_call_timeout={last_call}", "--max-restarts", str(restarts), *script]
         logs.append(workdir / f"node{node}{'b' if len(logs) >= nodes else ''}.log")
         with logs[-1].open("w") as out:
             agents.append(subprocess.Popen(command, cwd=workdir, stdout=out, stderr=subprocess.STDOUT,
