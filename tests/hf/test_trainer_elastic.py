@@ -125,7 +125,8 @@ def test_grown_back_the_save_of_two_processes_resumed_by_four_reads_on(
 def test_without_elastic_the_trainer_trains_on_samples_again_and_says_so(
         tmp_path: Path, uninterrupted: dict[int, list[int]]) -> None:
     out, output, log = _shrink(tmp_path, {"FT_PLUGINS": "resume,ttp"})
-    said = [line for line in output.splitlines() if "was written by 4 processes with a global batch of 8" in line]
+    said = [line for line in output.splitlines() if "resume: " in line
+            and "was written by 4 processes with a global batch of 8" in line]  # resume speaks: elastic is off
     assert len(said) == 1 and "samples 12 to 23 of the order are trained on again" in said[0], output[-6000:]
     steps = _completed(log)
     assert all(len(steps[step]) == 4 for step in range(4, int(STEPS) + 1))  # the global batch halved

@@ -10,6 +10,8 @@ SIGKILLed whole (agent and workers): no replacement can come.
   those of Megatron's own resume at DP=2 from the uninterrupted DP=4 run's save of step 2; they differ from that
   run's own (the arithmetic at DP=2 is another: the comparison can fail). Every step read exactly its global batch
   (criterion S2): samples ``[(s-1)·G, s·G)``, each once, at the size that completed it.
+- The same in ``--ckpt-format torch_dist``: Megatron's saves after the scale-in, one collective over the groups it
+  built, each equal read whole to Megatron's own resume at DP=2 from the torch_dist save of step 2.
 - Rank 2 stands still inside its optimizer update of step 3 when its node is lost: the survivors finished theirs,
   count step 3 as done and go on from it, bit for bit Megatron's own resume at DP=2 from the save of step 3.
 - TP=2 x DP=2 -> TP=2 x DP=1 in bf16 (fp32 main parameters): the lost node held one whole model replica; both
@@ -29,8 +31,9 @@ SIGKILLed whole (agent and workers): no replacement can come.
   for bit the DP=4 save of it), and torchrun restarts the job on the two nodes left from the dump, bit for bit
   Megatron's own resume at DP=2.
 - Four nodes of one rank, the global batch 4, node 3 lost: DP=3 does not divide it; with Megatron's own
-  ``--decrease-batch-size-if-needed`` it becomes 3 (said in the line), every later step reads exactly its 3 samples,
-  and the end is bit for bit Megatron's own resume at DP=3 with the same switch.
+  ``--decrease-batch-size-if-needed`` it becomes 3 (said in the line; megatron-core 0.19's evaluation batch too),
+  every later step reads exactly its 3 samples, and the end and the evaluations are bit for bit Megatron's own
+  resume at DP=3 with the same switch.
 - Without ``elastic`` (negative control), the same loss: the survivors wait for a replacement until recover's
   timeout, then dump step 2 and the job ends; step 3 is never trained.
 - The lost node comes back after the scale-in (while rank 0 stands in the save of step 3): torchrun's agent stops
@@ -53,7 +56,7 @@ import pytest
 
 from elastic_runs import Nodes, elastic_job
 from support import assert_bit_identical
-from ttp_runs import DP4, ITERS, SHARDS, TP, Job, Launch, differences
+from ttp_runs import DP4, ITERS, SHARDS, TP, Job, Launch, differences, dist_differences
 
 COMPLETED = 2  # steps completed when the node is lost (rank 2 stands still in step 3)
 LOSS = {"FT_PLUGINS_INJECT_FAULT": f"rank=2,step={COMPLETED},kind=stuck"}
@@ -68,6 +71,7 @@ SHARDED = ("--use-distributed-optimizer", "--num-distributed-optimizer-instances
 TP_ALONE = Launch(2, TP.args, TP.env)  # TP=2 x DP=1
 BATCH12 = ("--micro-batch-size", "1", "--global-batch-size", "12")  # whole at DP=4, 3 and 2
 ROUNDING = "--decrease-batch-size-if-needed"  # Megatron's own: a global batch the size does not divide, rounded down
+DIST = ("--ckpt-format", "torch_dist")  # Megatron-LM's default format
 EVALUATED = ("--eval-iters", "1", "--eval-interval", "3")  # evaluations at steps 3 and 6 (at DP=2) and at the end
 
 
@@ -98,11 +102,22 @@ def resumed_at_dp2(dp4_reference: Job, tmp_path_factory: pytest.TempPathFactory)
 
 
 @pytest.fixture(scope="module")
-def evaluated_at_dp2(tmp_path_factory: pytest.TempPathFactory) -> Job:
-    """Megatron's own resume at DP=2, from a DP=4 run's save of step 2, both evaluating as the scaled-in run does
-    (a job with a validation set draws once more from torch's generator as it builds its data iterators)."""
-    reference = DP4.reference(tmp_path_factory.mktemp("evaluated_dp4"), *EVALUATED)
-    return _megatron_resume(reference, DP2, tmp_path_factory.mktemp("evaluated_at_dp2"), *EVALUATED)
+def evaluated_dp4(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    """The uninterrupted DP=4 run evaluating as the scaled-in runs do (a job with a validation set draws once more
+    from torch's generator as it builds its data iterators)."""
+    return DP4.reference(tmp_path_factory.mktemp("evaluated_dp4"), *EVALUATED)
+
+
+@pytest.fixture(scope="module")
+def evaluated_at_dp2(evaluated_dp4: Job, tmp_path_factory: pytest.TempPathFactory) -> Job:
+    """Megatron's own resume at DP=2, from the evaluating DP=4 run's save of step 2."""
+    return _megatron_resume(evaluated_dp4, DP2, tmp_path_factory.mktemp("evaluated_at_dp2"), *EVALUATED)
+
+
+@pytest.fixture(scope="module")
+def dist_scaled(tmp_path_factory: pytest.TempPathFactory) -> Nodes:
+    return elastic_job(tmp_path_factory.mktemp("dist_scaled"), "--train-iters", str(ITERS), *DIST, lose=(2,),
+                       **ELASTIC)
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +176,8 @@ def rounded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Nodes, Path]:
     ``--decrease-batch-size-if-needed`` makes it 3."""
     workdir = tmp_path_factory.mktemp("rounded")
     samples = workdir / "samples"
-    job = elastic_job(workdir, "--train-iters", str(ITERS), "--ft-sample-log", str(samples), ROUNDING, nodes=4,
+    job = elastic_job(workdir, "--train-iters", str(ITERS), "--ft-sample-log", str(samples), ROUNDING, *EVALUATED,
+                      nodes=4,
                       per_node=1, lose=(3,), **{**ELASTIC, "FT_PLUGINS_INJECT_FAULT": f"rank=3,step={COMPLETED},kind=stuck"})
     return job, samples
 
@@ -263,6 +279,22 @@ def test_the_report_shows_the_scale_in_and_the_throughput_at_each_size(scaled: t
     assert [(size["data_parallel"], size["steps"]) for size in found["sizes"]] == [(4, COMPLETED),
                                                                                    (2, ITERS - COMPLETED - 1)]
     assert found["faults"][0]["steps_lost"] == 0
+
+
+def test_in_the_torch_dist_format_the_saves_after_the_scale_in_are_megatrons_own_resume_bit_for_bit(
+        dist_scaled: Nodes, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """``--ckpt-format torch_dist``: Megatron's saves at the smaller size (its save at the change of micro-batches,
+    and the last) are one collective over the groups the scale-in built; each equals, read whole, Megatron's own
+    resume at DP=2 from the uninterrupted torch_dist run's save of step 2."""
+    nodes = dist_scaled
+    assert nodes.codes[0] == 0, nodes.outputs[0][-5000:]
+    assert nodes.job.lines("2 ranks go on at data-parallel size 2 (was 4), the global batch 4 kept")
+    reference = DP4.reference(tmp_path_factory.mktemp("dist_dp4"), *DIST)
+    resumed = _megatron_resume(reference, DP2, tmp_path_factory.mktemp("dist_at_dp2"), *DIST)
+    for step in (COMPLETED + 1, ITERS):
+        assert (nodes.job.iteration(step) / ".metadata").is_file(), step
+        assert dist_differences(nodes.job.iteration(step), resumed.iteration(step)) == [], step
+    assert dist_differences(nodes.job.iteration(ITERS), reference.iteration(ITERS)), "DP=4 sums in another order"
 
 
 def test_tensor_parallel_shards_in_bf16_kept_while_the_data_parallel_size_halves(
@@ -388,10 +420,12 @@ def _evaluation_batch(size: int) -> tuple[str, ...]:
 
 
 def test_a_size_that_does_not_divide_the_batch_rounds_it_down_as_megatrons_own_resume_does(
-        rounded: tuple[Nodes, Path], dp4_reference: Job, tmp_path_factory: pytest.TempPathFactory) -> None:
+        rounded: tuple[Nodes, Path], evaluated_dp4: Job, tmp_path_factory: pytest.TempPathFactory) -> None:
     """With ``--decrease-batch-size-if-needed``, DP=4 -> 3 with the global batch 4: the line says the batch is now 3;
-    every later step reads exactly its 3 samples after the 8 of steps 1 and 2, and the end is bit for bit Megatron's
-    own resume at DP=3 with the same switch (without it, the scale-in falls back: the start-up line says so)."""
+    every later step reads exactly its 3 samples after the 8 of steps 1 and 2, and the end and the evaluations are
+    bit for bit Megatron's own resume at DP=3 with the same switch (without it, the scale-in falls back: the start-up
+    line says so). megatron-core 0.19's evaluation batch (the global batch by default) is rounded alike: that
+    release's own resume refuses 4 at DP=3, so it is compared with its resume given 3."""
     nodes, samples = rounded
     assert nodes.codes[:3] == (0, 0, 0), nodes.outputs[0][-5000:]
     assert nodes.job.lines("3 ranks go on at data-parallel size 3 (was 4), the global batch now 3 (was 4: Megatron's "
@@ -403,10 +437,15 @@ def test_a_size_that_does_not_divide_the_batch_rounds_it_down_as_megatrons_own_r
         start = (step - 1) * 4 if step <= COMPLETED else COMPLETED * 4 + (step - COMPLETED - 1) * 3
         world = 4 if step <= COMPLETED else 3
         assert sorted(reads[step, world]) == list(range(start, start + world)), step
-    resumed = _megatron_resume(dp4_reference, Launch(3, DP4.args), tmp_path_factory.mktemp("rounded_at_dp3"), ROUNDING,
-                               *_evaluation_batch(3))
+    evaluation = _evaluation_batch(3)
+    if evaluation:
+        assert nodes.job.lines("the evaluation batch now 3 (was 4: rounded alike)")
+    resumed = _megatron_resume(evaluated_dp4, Launch(3, DP4.args), tmp_path_factory.mktemp("rounded_at_dp3"),
+                               ROUNDING, *EVALUATED, *evaluation)
     model = "mp_rank_00/model_optim_rng.pt"
     assert differences(nodes.job.iteration(ITERS) / model, resumed.iteration(ITERS) / model) == []
+    evaluated, reference = _validation(nodes.job), _validation(resumed)
+    assert len(reference) == 3 and evaluated == reference, (evaluated, reference)
 
 
 def test_pipeline_stages_kept_the_healthy_rank_of_the_dropped_replica_leaves(

@@ -209,7 +209,8 @@ def _compare(a: Any, b: Any, where: str, found: list[str]) -> None:
         if a.dtype != b.dtype or a.shape != b.shape or not torch.equal(a, b):
             found.append(f"{where}: tensors differ")
     elif isinstance(a, Namespace) and isinstance(b, Namespace):  # the run's arguments, its own paths among them
-        _compare(a.consumed_train_samples, b.consumed_train_samples, f"{where}.consumed_train_samples", found)
+        for count in ("consumed_train_samples", "consumed_valid_samples"):  # what a resume reads of them
+            _compare(getattr(a, count, None), getattr(b, count, None), f"{where}.{count}", found)
     elif isinstance(a, io.BytesIO) and isinstance(b, io.BytesIO):  # a torch_dist save's sharded objects
         if a.getvalue() != b.getvalue():
             found.append(f"{where}: objects differ")

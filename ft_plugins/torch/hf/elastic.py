@@ -79,9 +79,10 @@ class TrainerResize:
                    f"of processes that divides {saved.size // now.per_device}")
         else:
             fix = "FT_PLUGINS=...,elastic keeps it"
-        on_rank_zero(log.warning, "elastic: %s was written by %d processes with a global batch of %d samples, %d "
-                     "resume it with %d: the Trainer counts its place in the data in steps, so %s; %s", checkpoint,
-                     saved.processes, saved.size, now.processes, now.size, _misplaced(step, saved, now), fix)
+        on_rank_zero(log.warning, "%s: %s was written by %d processes with a global batch of %d samples, %d "
+                     "resume it with %d: the Trainer counts its place in the data in steps, so %s; %s",
+                     "elastic" if self.keep else "resume", checkpoint, saved.processes, saved.size, now.processes,
+                     now.size, _misplaced(step, saved, now), fix)
 
     def load_rng_state(self, wrapped: Callable[..., Any], trainer: Any, args: tuple, kwargs: dict) -> Any:
         checkpoint = kwargs.get("checkpoint", args[0] if args else None)

@@ -18,8 +18,9 @@ A healthy rank of a dropped replica (with pipeline parallelism a node holds one 
 the job, exit code 0. Not yet, each refused at the start in one line (a lost node with no replacement within ``wait`` then takes
 ``recover``'s fallback at once: ttp's dump, and torchrun's restart at the size left): Megatron's distributed optimizer (its shards must
 be laid out again), context or expert parallelism, virtual pipeline stages, a batch-size ramp-up, one replica. A
-global batch the smaller size does not divide is refused at the fault, with the sizes that divide it said at the
-start. After a scale-in a node lost again is scaled in again; a worker lost on a node that stays is left to
+global batch (or megatron-core 0.19's evaluation batch) the smaller size does not divide follows Megatron's
+``--decrease-batch-size-if-needed``: rounded down with it, refused at the fault without it; the sizes that keep it
+are said at the start. After a scale-in a node lost again is scaled in again; a worker lost on a node that stays is left to
 torchrun (the dump, and its restart): the ranks are numbered anew, torchrun's are not. Growing back is torchrun's
 restart when the lost node returns (the workers dump on SIGTERM and the job resumes at the full size: :class:`.regroup.Regroup` keeps the new
 workers' keys apart from the old ones'); not in place yet.
@@ -72,10 +73,23 @@ def global_batch(megatron_args: Any, size: int) -> int:
     return megatron_args.global_batch_size // whole * whole
 
 
+def evaluation_batch(megatron_args: Any, size: int) -> int | None:
+    """The evaluation batch at data-parallel size ``size`` (``--eval-global-batch-size``, from megatron-core 0.19, the
+    global batch by default; None before, where evaluations take the global batch): rounded down as
+    :func:`global_batch` is, to whole evaluation micro-batches."""
+    batch = getattr(megatron_args, "eval_global_batch_size", None)
+    if batch is None:
+        return None
+    whole = (getattr(megatron_args, "eval_micro_batch_size", None) or megatron_args.micro_batch_size) * size
+    return batch // whole * whole
+
+
 def smaller_sizes(megatron_args: Any) -> list[int]:
-    """The data-parallel sizes below this run's at which its global batch is kept exactly (whole micro-batches)."""
+    """The data-parallel sizes below this run's at which its global batch, and its evaluation batch, are kept exactly
+    (whole micro-batches)."""
     return [size for size in range(megatron_args.data_parallel_size - 1, 0, -1)
-            if global_batch(megatron_args, size) == megatron_args.global_batch_size]
+            if global_batch(megatron_args, size) == megatron_args.global_batch_size
+            and evaluation_batch(megatron_args, size) == getattr(megatron_args, "eval_global_batch_size", None)]
 
 
 def relayout(model: list[Any], size: int) -> None:
@@ -150,6 +164,7 @@ class MegatronElastic(MegatronRecovery):
         self.member: Member | None = None  # this rank, as the survivors of a loss must know it
         self.cannot = ""  # why this run cannot scale in
         self.resized = 0  # the data-parallel size a scale-in under way goes to
+        self.evaluation: int | None = None  # and its evaluation batch (megatron-core 0.19 on)
         self.validation: Any = None  # train()'s validation iterator(s), :func:`readable`
 
     def patches(self) -> tuple[Patch, ...]:
@@ -215,19 +230,28 @@ class MegatronElastic(MegatronRecovery):
             self._leave(generation, sorted(set(range(world)) - set(found)))
         megatron_args = megatron("training.global_vars").get_args()
         size = len(stay) // len(self.member.replica)
-        batch = global_batch(megatron_args, size)
+        batch, evaluation = global_batch(megatron_args, size), evaluation_batch(megatron_args, size)
+        evaluated = getattr(megatron_args, "eval_global_batch_size", None)
         shrinks = getattr(megatron_args, "decrease_batch_size_if_needed", False)  # Megatron's own rounding down
         if batch != megatron_args.global_batch_size and not shrinks:
             raise Fallback(f"the global batch {megatron_args.global_batch_size} is not a whole number of micro-batches "
                            f"of {megatron_args.micro_batch_size} at data-parallel size {size} (Megatron's "
                            "--decrease-batch-size-if-needed rounds it down instead)")
+        if evaluation != evaluated and not shrinks:
+            raise Fallback(f"the evaluation batch {evaluated} (--eval-global-batch-size) is not a whole number of "
+                           f"evaluation micro-batches at data-parallel size {size} (Megatron's "
+                           "--decrease-batch-size-if-needed rounds it down instead)")
+        if not batch or evaluation == 0:
+            raise Fallback(f"data-parallel size {size} leaves less than one micro-batch per rank in a batch")
         lost = sorted(set(range(world)) - set(found))
-        self.resized = size
+        self.resized, self.evaluation = size, evaluation
         if rank == stay[0]:  # speaks for the job
             self.elastic.changes.append(f"generation {generation}: data-parallel {megatron_args.data_parallel_size} "
                                         f"-> {size}")
             kept = (f"{batch} kept" if batch == megatron_args.global_batch_size else
                     f"now {batch} (was {megatron_args.global_batch_size}: Megatron's --decrease-batch-size-if-needed)")
+            if evaluation != evaluated:
+                kept += f", the evaluation batch now {evaluation} (was {evaluated}: rounded alike)"
             log.warning("elastic: no replacement within %.0f s for rank%s %s: %d ranks go on at data-parallel size %d "
                         "(was %d), the global batch %s", self.elastic.settings["wait"], "s" if len(lost) > 1 else "",
                         ", ".join(map(str, lost)), len(stay), size, megatron_args.data_parallel_size, kept)
@@ -254,6 +278,8 @@ class MegatronElastic(MegatronRecovery):
         megatron_args = megatron("training.global_vars").get_args()
         megatron_args.rank, megatron_args.world_size = dist.get_rank(), dist.get_world_size()
         megatron_args.data_parallel_size = self.resized
+        if self.evaluation is not None:  # evaluate() reads it at each call
+            megatron_args.eval_global_batch_size = self.evaluation
         relayout(self.objects[0], self.resized)
         _reconfigure_micro_batches(dist.get_rank(), megatron_args, self.resized)
 
