@@ -97,7 +97,9 @@ def _args(**given: Any) -> SimpleNamespace:
 
 @pytest.mark.parametrize("given, why", [
     ({}, ""),
-    ({"use_distributed_optimizer": True}, "distributed optimizer"),
+    ({"use_distributed_optimizer": True}, ""),  # its shards are laid out again
+    ({"use_distributed_optimizer": True, "overlap_param_gather": True}, "--overlap-param-gather"),
+    ({"use_distributed_optimizer": True, "use_precision_aware_optimizer": True}, "precision-aware optimizer"),
     ({"context_parallel_size": 2}, "context parallelism"),
     ({"num_experts": 8}, "mixture of experts"),
     ({"virtual_pipeline_model_parallel_size": 2}, "virtual pipeline stages"),

@@ -22,10 +22,9 @@ SIGKILLed whole (agent and workers): no replacement can come.
 - Four nodes of one rank, PP=2 x DP=2 in bf16 -> PP=2 x DP=1: node 3 (stage 1 of replica 1) lost; rank 1, the
   healthy stage 0 of that replica, leaves the job (exit code 0); ranks 0 and 2 go on as one replica, both stages'
   saves bit for bit Megatron's own resume at PP=2 x DP=1.
-- With Megatron's distributed optimizer in 2 instances (``FT_PLUGINS_TTP_REPLICAS=2``), which cannot scale in place
-  yet: after the same wait the survivors dump step 2 from the instance left, and torchrun restarts the job at DP=2
-  (``--max-restarts 1``), resuming from the dump: bit for bit (``distrib_optim.pt`` whole) Megatron's own resume at
-  DP=2 from its DP=4 save of step 2, not after ``recover``'s timeout.
+- Megatron's distributed optimizer in 2 instances (``FT_PLUGINS_TTP_REPLICAS=2``), bf16, DP=4 -> 2, the lost node
+  holding one instance whole: the buffers and shards laid out again in place from the instance left; every later
+  save, ``distrib_optim.pt`` whole, bit for bit Megatron's own resume at DP=2 from its DP=4 save of step 2.
 - Four nodes of one rank, node 3 lost in step 3 and node 2 as it is about to rebuild the groups for the scale-in
   (a second fault): the survivors wait recover's timeout, not the groups' rendezvous's 10 minutes, dump step 2 (bit
   for bit the DP=4 save of it), and torchrun restarts the job on the two nodes left from the dump, bit for bit
@@ -147,10 +146,33 @@ def in_update(tmp_path_factory: pytest.TempPathFactory) -> Nodes:
 
 
 @pytest.fixture(scope="module")
-def restarted_smaller(tmp_path_factory: pytest.TempPathFactory) -> Nodes:
-    workdir = tmp_path_factory.mktemp("restarted_smaller")
-    return elastic_job(workdir, "--train-iters", str(ITERS), "--load", str(workdir / "ckpt"), SHARDED[0], lose=(2,),
-                     restarts=1, last_call=10, FT_PLUGINS_TTP_REPLICAS="2", **ELASTIC)
+def sharded_scaled(tmp_path_factory: pytest.TempPathFactory) -> Nodes:
+    return elastic_job(tmp_path_factory.mktemp("sharded_scaled"), "--train-iters", str(ITERS), SHARDED[0], "--bf16",
+                       lose=(2,), FT_PLUGINS_TTP_REPLICAS="2", **ELASTIC)
+
+
+@pytest.fixture(scope="module")
+def sharded_regrown(tmp_path_factory: pytest.TempPathFactory) -> Nodes:
+    """The same, the node back while rank 0 stands still in step 5 (45 s, again in the job grown back: a fault fires
+    on each attempt torchrun counts, and a change of nodes is not one): the workers dump the laid out shards of step
+    4 on SIGTERM and torchrun starts the job again at DP=4 from that dump. (Not in a save: with 2 instances each
+    rank writes its instance's ``distrib_optim.pt``, so a save a rank stands still in exists half-written, and a
+    dump is never committed over it.)"""
+    workdir = tmp_path_factory.mktemp("sharded_regrown")
+    faults = f"{LOSS['FT_PLUGINS_INJECT_FAULT']};rank=0,step={COMPLETED + 2},kind=slow,at=forward,seconds=45"
+    return elastic_job(workdir, "--train-iters", str(ITERS), "--load", str(workdir / "ckpt"), SHARDED[0], "--bf16",
+                       lose=(2,), rejoin=f"firing injected fault rank=0,step={COMPLETED + 2}",
+                       FT_PLUGINS_TTP_REPLICAS="2", **{**ELASTIC, "FT_PLUGINS_INJECT_FAULT": faults})
+
+
+@pytest.fixture(scope="module")
+def sharded_reference(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    return DP4.reference(tmp_path_factory.mktemp("sharded_reference"), *SHARDED, "--bf16")
+
+
+@pytest.fixture(scope="module")
+def sharded_at_dp2(sharded_reference: Job, tmp_path_factory: pytest.TempPathFactory) -> Job:
+    return _megatron_resume(sharded_reference, DP2, tmp_path_factory.mktemp("sharded_at_dp2"), *SHARDED, "--bf16")
 
 
 @pytest.fixture(scope="module")
@@ -358,21 +380,41 @@ def test_a_node_lost_inside_the_update_the_survivors_count_the_step_and_go_on_ex
     assert differences(in_update.job.iteration(ITERS) / model, resumed.iteration(ITERS) / model) == []
 
 
-def test_the_distributed_optimizer_takes_the_dump_after_the_wait_and_restarts_at_the_smaller_size_exactly(
-        restarted_smaller: Nodes, tmp_path_factory: pytest.TempPathFactory) -> None:
-    nodes = restarted_smaller
+def _same_sharded_save(job: Job, reference: Job, step: int) -> None:
+    assert differences(job.iteration(step) / "mp_rank_00/model_optim_rng.pt",
+                       reference.iteration(step) / "mp_rank_00/model_optim_rng.pt") == [], step
+    assert_bit_identical(job.iteration(step) / "mp_rank_00/distrib_optim.pt",
+                         reference.iteration(step) / "mp_rank_00/distrib_optim.pt", parts=None)
+
+
+def test_the_distributed_optimizer_is_laid_out_again_in_place_bit_for_bit_megatrons_own_resume(
+        sharded_scaled: Nodes, sharded_at_dp2: Job) -> None:
+    """Megatron's distributed optimizer in 2 instances (``FT_PLUGINS_TTP_REPLICAS=2``), bf16: the lost node held one
+    instance whole; the survivors' buffers and shards are laid out again for DP=2 from the instance left, and every
+    later save, ``distrib_optim.pt`` whole, is Megatron's own resume at DP=2 from its DP=4 save of step 2."""
+    nodes = sharded_scaled
     assert nodes.codes[0] == 0, nodes.outputs[0][-5000:]
-    assert nodes.job.lines("elastic: this run cannot go on at a smaller data-parallel size: Megatron's distributed "
-                           "optimizer")
-    assert nodes.job.lines("no replacement within 3 s, and this run cannot go on at a smaller size in place")
-    assert nodes.job.lines(f"loading checkpoint from {nodes.job.save} at iteration {COMPLETED}")
-    reference = DP4.reference(tmp_path_factory.mktemp("sharded_reference"), *SHARDED)
-    resumed = _megatron_resume(reference, DP2, tmp_path_factory.mktemp("sharded_at_dp2"), *SHARDED)
-    for step, right in ((COMPLETED, reference), (ITERS, resumed)):  # the dump of step 2 is the DP=4 save of it
-        assert differences(nodes.job.iteration(step) / "mp_rank_00/model_optim_rng.pt",
-                           right.iteration(step) / "mp_rank_00/model_optim_rng.pt") == [], step
-        assert_bit_identical(nodes.job.iteration(step) / "mp_rank_00/distrib_optim.pt",
-                             right.iteration(step) / "mp_rank_00/distrib_optim.pt", parts=None)
+    assert nodes.job.lines("2 ranks go on at data-parallel size 2 (was 4), the global batch 4 kept")
+    assert len(nodes.job.lines("laid the distributed optimizer out for data-parallel size 2")) == 2
+    for step in range(1, ITERS + 1):
+        assert len(nodes.job.lines(f"iteration        {step}/       {ITERS}")) == 1, step
+    assert not nodes.job.lines("loading checkpoint"), "no checkpoint read"
+    for step in (COMPLETED + 1, ITERS):
+        _same_sharded_save(nodes.job, sharded_at_dp2, step)
+
+
+def test_the_laid_out_shards_dump_whole_and_the_job_grows_back_from_them_exactly(
+        sharded_regrown: Nodes, sharded_at_dp2: Job, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """After the scale-in, the node back: the dump of step 4 from the shards laid out at DP=2 is Megatron's own DP=2
+    save of it, and the job grown back to DP=4 from it ends bit for bit as Megatron's own DP=4 resume of that save."""
+    nodes, dumped = sharded_regrown, COMPLETED + 2
+    assert nodes.codes == (0, -9, 0), nodes.outputs[0][-5000:]
+    assert nodes.job.lines(f"dumped mp_rank_00 of iteration {dumped} in")
+    assert nodes.job.lines(f"loading checkpoint from {nodes.job.save} at iteration {dumped}")
+    _same_sharded_save(nodes.job, sharded_at_dp2, dumped)
+    grown = _megatron_resume(sharded_at_dp2, DP4, tmp_path_factory.mktemp("sharded_at_dp4"), *SHARDED, "--bf16",
+                             step=dumped)
+    _same_sharded_save(nodes.job, grown, ITERS)
 
 
 def test_two_nodes_lost_in_turn_the_job_scales_in_twice_and_stays_megatrons_own_resume(

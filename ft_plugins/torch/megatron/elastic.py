@@ -8,16 +8,18 @@ the launcher's replacement. None came (a node lost for good): the survivors agre
 lost one is dropped, the others are numbered again in their order, so that the i-th smallest old rank becomes rank
 i, which is Megatron's own layout at the smaller data-parallel size. Megatron's groups are built for the new world
 (:mod:`.regroup`); what Megatron computes from the data-parallel size when it builds a job is set again (the
-gradient buffers' scaling before the reduction, the micro-batch calculator, the arguments); the state of the
-newest completed step K goes to every rank that lacks it (:mod:`.handover`); the data iterators, training's and
+gradient buffers' scaling before the reduction, the micro-batch calculator, the arguments; with Megatron's
+distributed optimizer its buffers and shards, :mod:`.reshard`); the state of the newest completed step K goes to
+every rank that lacks it (:mod:`.handover`); the data iterators, training's and
 validation's, are built again by Megatron at the samples each consumed; and training goes on at K + 1 with the
 global batch kept (more micro-batches per rank). That is what Megatron's own resume at the smaller size from a save
 of K does, without a process restarted or a file read.
 
 A healthy rank of a dropped replica (with pipeline parallelism a node holds one stage of several replicas) leaves
-the job, exit code 0. Not yet, each refused at the start in one line (a lost node with no replacement within ``wait`` then takes
-``recover``'s fallback at once: ttp's dump, and torchrun's restart at the size left): Megatron's distributed optimizer (its shards must
-be laid out again), context or expert parallelism, virtual pipeline stages, a batch-size ramp-up, one replica. A
+the job, exit code 0. Not yet, each refused at the start in one line (a lost node with no replacement within
+``wait`` then takes ``recover``'s fallback at once: ttp's dump, and torchrun's restart at the size left): context or
+expert parallelism, virtual pipeline stages, a batch-size ramp-up, one replica, and the distributed optimizer's
+forms :func:`.reshard.unreshardable` names (a size its instances do not divide falls back at the fault). A
 global batch (or megatron-core 0.19's evaluation batch) the smaller size does not divide follows Megatron's
 ``--decrease-batch-size-if-needed``: rounded down with it, refused at the fault without it; the sizes that keep it
 are said at the start. After a scale-in a node lost again is scaled in again; a worker lost on a node that stays is left to
@@ -42,6 +44,8 @@ from ft_plugins.rank import global_rank, on_rank_zero
 from ft_plugins.recovery import NODES, REFUSED, Fallback, Late, Member, Standing, going_on, key, members
 from ft_plugins.torch.megatron import loop
 from ft_plugins.torch.megatron.recover import MegatronRecovery
+from ft_plugins.torch.megatron.reshard import (Unmovable, move, pieces, rebuild_buffers, rebuild_optimizer,
+                                               unreshardable)
 from ft_plugins.torch.megatron.state import TRAINING, megatron
 from ft_plugins.torch.megatron.ttp import MegatronTtp
 
@@ -50,9 +54,8 @@ log = logging.getLogger("ft_plugins.elastic")
 
 def unscalable(megatron_args: Any) -> str:
     """Why this run cannot go on at a smaller data-parallel size in place ("" when it can)."""
-    if getattr(megatron_args, "use_distributed_optimizer", False):
-        return ("Megatron's distributed optimizer: laying its shards out again for a smaller data-parallel size is "
-                "not implemented yet")
+    if getattr(megatron_args, "use_distributed_optimizer", False) and (why := unreshardable(megatron_args)):
+        return why
     if (getattr(megatron_args, "context_parallel_size", 1) or 1) > 1:
         return "context parallelism (--context-parallel-size): its groups are not resized yet"
     if (getattr(megatron_args, "num_experts", None) or 0) > 1:
@@ -166,9 +169,16 @@ class MegatronElastic(MegatronRecovery):
         self.resized = 0  # the data-parallel size a scale-in under way goes to
         self.evaluation: int | None = None  # and its evaluation batch (megatron-core 0.19 on)
         self.validation: Any = None  # train()'s validation iterator(s), :func:`readable`
+        self.optimizer_built: tuple[tuple, dict] | None = None  # get_megatron_optimizer's arguments
 
     def patches(self) -> tuple[Patch, ...]:
-        return (*super().patches(), Patch(TRAINING, "build_train_valid_test_data_iterators", self.data_iterators))
+        return (*super().patches(), Patch(TRAINING, "build_train_valid_test_data_iterators", self.data_iterators),
+                Patch(TRAINING, "get_megatron_optimizer", self.optimizer, required=False))
+
+    def optimizer(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        """Megatron's optimizer, as setup_model_and_optimizer builds it: built again at a scale-in."""
+        self.optimizer_built = (args, kwargs)
+        return wrapped(*args, **kwargs)
 
     def data_iterators(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         """Megatron's iterators, built as pretrain builds them: built again at a scale-in."""
@@ -180,7 +190,9 @@ class MegatronElastic(MegatronRecovery):
 
         megatron_args = megatron("training.global_vars").get_args()
         self.cannot = unscalable(megatron_args) or ("" if self.data else "Megatron's data iterators were built "
-                                                    "outside pretrain's build_train_valid_test_data_iterators")
+                                                    "outside pretrain's build_train_valid_test_data_iterators") or (
+            "Megatron's distributed optimizer was built outside setup_model_and_optimizer's get_megatron_optimizer"
+            if megatron_args.use_distributed_optimizer and self.optimizer_built is None else "")
         if self.cannot:
             on_rank_zero(log.warning, "elastic: this run cannot go on at a smaller data-parallel size: %s; a lost "
                          "rank with no replacement takes recover's fallback", self.cannot)
@@ -243,6 +255,9 @@ class MegatronElastic(MegatronRecovery):
                            "--decrease-batch-size-if-needed rounds it down instead)")
         if not batch or evaluation == 0:
             raise Fallback(f"data-parallel size {size} leaves less than one micro-batch per rank in a batch")
+        instances = getattr(megatron_args, "num_distributed_optimizer_instances", 1) or 1
+        if megatron_args.use_distributed_optimizer and size % instances:
+            raise Fallback(f"data-parallel size {size} cannot hold the distributed optimizer's {instances} instances")
         lost = sorted(set(range(world)) - set(found))
         self.resized, self.evaluation = size, evaluation
         if rank == stay[0]:  # speaks for the job
@@ -269,8 +284,9 @@ class MegatronElastic(MegatronRecovery):
         logging.shutdown()
         os._exit(0)
 
-    def _rebuilt(self) -> None:
-        """Megatron's groups stand at the new size: set what Megatron computed from the old one."""
+    def _rebuilt(self, completed: int) -> None:
+        """Megatron's groups stand at the new size: set what Megatron computed from the old one; this rank holds
+        step ``completed`` (-1: torn)."""
         if not self.resized:
             return
         import torch.distributed as dist
@@ -278,10 +294,34 @@ class MegatronElastic(MegatronRecovery):
         megatron_args = megatron("training.global_vars").get_args()
         megatron_args.rank, megatron_args.world_size = dist.get_rank(), dist.get_world_size()
         megatron_args.data_parallel_size = self.resized
+        if megatron_args.use_distributed_optimizer:
+            self._reshard(megatron_args, completed)
         if self.evaluation is not None:  # evaluate() reads it at each call
             megatron_args.eval_global_batch_size = self.evaluation
         relayout(self.objects[0], self.resized)
         _reconfigure_micro_batches(dist.get_rank(), megatron_args, self.resized)
+
+    def _reshard(self, megatron_args: Any, completed: int) -> None:
+        """The distributed optimizer's shards laid out for the new size (:mod:`.reshard`); nothing here is worth a
+        dump meanwhile (a fault now ends in the last save)."""
+        model, optimizer, _ = self.objects
+        started = time.monotonic()
+        with self.tracker.holding():
+            self.tracker.mark_torn()
+        try:
+            held = pieces(model, optimizer)
+            rebuild_buffers(model, megatron_args)
+            rebuilt = rebuild_optimizer(optimizer, self.optimizer_built)
+            group = megatron("core.parallel_state").get_data_parallel_group(with_context_parallel=True)
+            move(held, pieces(model, rebuilt), completed, group)
+        except Unmovable as exc:
+            raise Fallback(f"the distributed optimizer cannot be laid out again: {exc}") from None
+        vars(optimizer).clear()
+        vars(optimizer).update(vars(rebuilt))
+        with self.tracker.holding():
+            self.tracker.align(self.tracker.phase)
+        log.info("elastic: rank %d laid the distributed optimizer out for data-parallel size %d (%.2f s)",
+                 megatron_args.rank, self.resized, time.monotonic() - started)
 
     def _resumed(self, consumed: int) -> None:
         """Every rank stands at K: Megatron builds the data iterators again at K's samples, at the new size."""

@@ -253,7 +253,7 @@ class MegatronRecovery:
 
                 require_successors(self.regroup.join(rank, world, PrefixStore(key(generation, "world/"), store),
                                                        megatron_roots(self.objects)), Fallback)
-                self._rebuilt()
+                self._rebuilt(-2 if mine is None else mine[0].completed)
                 self.joined = True
                 # each rank's standing and holding in one collective of the rebuilt groups, not N reads of the
                 # store by each of N ranks (the replacement has no standing: it is behind every survivor)
@@ -330,8 +330,9 @@ class MegatronRecovery:
             self.batches.finish(per_step)
         return outcome
 
-    def _rebuilt(self) -> None:
-        """The groups were built again (:mod:`.elastic` lays out what their size decides)."""
+    def _rebuilt(self, completed: int) -> None:
+        """The groups were built again (:mod:`.elastic` lays out what their size decides); this rank holds step
+        ``completed`` (-1: torn, -2: a replacement)."""
 
     def _resumed(self, consumed: int) -> None:
         """Every rank stands at K, ``consumed`` samples read (:mod:`.elastic` reads on from there)."""
