@@ -24,7 +24,10 @@ SIGKILLed whole (agent and workers): no replacement can come.
   saves bit for bit Megatron's own resume at PP=2 x DP=1.
 - Megatron's distributed optimizer in 2 instances (``FT_PLUGINS_TTP_REPLICAS=2``), bf16, DP=4 -> 2, the lost node
   holding one instance whole: the buffers and shards laid out again in place from the instance left; every later
-  save, ``distrib_optim.pt`` whole, bit for bit Megatron's own resume at DP=2 from its DP=4 save of step 2.
+  save, ``distrib_optim.pt`` whole, bit for bit Megatron's own resume at DP=2 from its DP=4 save of step 2; the node
+  back in step 5, the workers' dump of step 4 from the shards laid out is Megatron's own DP=2 save of it, and the
+  job grown back to DP=4 from it ends as Megatron's own DP=4 resume of that save; TP=2 x DP=4 on two nodes of 4
+  ranks -> TP=2 x DP=2, both shards exact.
 - Four nodes of one rank, node 3 lost in step 3 and node 2 as it is about to rebuild the groups for the scale-in
   (a second fault): the survivors wait recover's timeout, not the groups' rendezvous's 10 minutes, dump step 2 (bit
   for bit the DP=4 save of it), and torchrun restarts the job on the two nodes left from the dump, bit for bit
@@ -163,6 +166,15 @@ def sharded_regrown(tmp_path_factory: pytest.TempPathFactory) -> Nodes:
     return elastic_job(workdir, "--train-iters", str(ITERS), "--load", str(workdir / "ckpt"), SHARDED[0], "--bf16",
                        lose=(2,), rejoin=f"firing injected fault rank=0,step={COMPLETED + 2}",
                        FT_PLUGINS_TTP_REPLICAS="2", **{**ELASTIC, "FT_PLUGINS_INJECT_FAULT": faults})
+
+
+@pytest.fixture(scope="module")
+def sharded_tp(tmp_path_factory: pytest.TempPathFactory) -> Nodes:
+    """TP=2 x DP=4 on two nodes of 4 ranks, the distributed optimizer in 2 instances, bf16: node 1 (ranks 4 to 7, two
+    model replicas, one instance) lost in step 3."""
+    return elastic_job(tmp_path_factory.mktemp("sharded_tp"), "--train-iters", str(ITERS), *TP.args, SHARDED[0],
+                       "--bf16", per_node=4, lose=(4,), FT_PLUGINS_TTP_REPLICAS="2", **dict(TP.env),
+                       **{**ELASTIC, "FT_PLUGINS_INJECT_FAULT": f"rank=4,step={COMPLETED},kind=stuck"})
 
 
 @pytest.fixture(scope="module")
@@ -401,6 +413,24 @@ def test_the_distributed_optimizer_is_laid_out_again_in_place_bit_for_bit_megatr
     assert not nodes.job.lines("loading checkpoint"), "no checkpoint read"
     for step in (COMPLETED + 1, ITERS):
         _same_sharded_save(nodes.job, sharded_at_dp2, step)
+
+
+def test_with_tensor_parallelism_each_shards_optimizer_is_laid_out_again_bit_for_bit(
+        sharded_tp: Nodes, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """TP=2 x DP=4 -> TP=2 x DP=2: each tensor-parallel rank's ranges move inside its own new data-parallel group;
+    both shards' saves, ``distrib_optim.pt`` whole, are Megatron's own resume at TP=2 x DP=2."""
+    nodes = sharded_tp
+    assert nodes.codes[0] == 0, nodes.outputs[0][-5000:]
+    assert nodes.job.lines("4 ranks go on at data-parallel size 2 (was 4), the global batch 4 kept")
+    shape = (*TP.args, *SHARDED, "--bf16")
+    reference = Launch(8, shape, TP.env).reference(tmp_path_factory.mktemp("sharded_tp_reference"), *DP4.args)
+    resumed = _megatron_resume(reference, Launch(4, shape, TP.env), tmp_path_factory.mktemp("sharded_tp_at_dp2"),
+                               *DP4.args)
+    for shard in SHARDS:
+        assert differences(nodes.job.iteration(ITERS) / shard / "model_optim_rng.pt",
+                           resumed.iteration(ITERS) / shard / "model_optim_rng.pt") == [], shard
+        assert_bit_identical(nodes.job.iteration(ITERS) / shard / "distrib_optim.pt",
+                             resumed.iteration(ITERS) / shard / "distrib_optim.pt", parts=None)
 
 
 def test_the_laid_out_shards_dump_whole_and_the_job_grows_back_from_them_exactly(
