@@ -27,7 +27,8 @@ SIGKILLed whole (agent and workers): no replacement can come.
   save, ``distrib_optim.pt`` whole, bit for bit Megatron's own resume at DP=2 from its DP=4 save of step 2; the node
   back in step 5, the workers' dump of step 4 from the shards laid out is Megatron's own DP=2 save of it, and the
   job grown back to DP=4 from it ends as Megatron's own DP=4 resume of that save; TP=2 x DP=4 on two nodes of 4
-  ranks -> TP=2 x DP=2, both shards exact.
+  ranks -> TP=2 x DP=2, both shards exact; PP=2 x DP=4 on four nodes of 2 ranks -> PP=2 x DP=2, the healthy stage 0
+  of the two dropped replicas leaving, both stages exact.
 - Four nodes of one rank, node 3 lost in step 3 and node 2 as it is about to rebuild the groups for the scale-in
   (a second fault): the survivors wait recover's timeout, not the groups' rendezvous's 10 minutes, dump step 2 (bit
   for bit the DP=4 save of it), and torchrun restarts the job on the two nodes left from the dump, bit for bit
@@ -175,6 +176,15 @@ def sharded_tp(tmp_path_factory: pytest.TempPathFactory) -> Nodes:
     return elastic_job(tmp_path_factory.mktemp("sharded_tp"), "--train-iters", str(ITERS), *TP.args, SHARDED[0],
                        "--bf16", per_node=4, lose=(4,), FT_PLUGINS_TTP_REPLICAS="2", **dict(TP.env),
                        **{**ELASTIC, "FT_PLUGINS_INJECT_FAULT": f"rank=4,step={COMPLETED},kind=stuck"})
+
+
+@pytest.fixture(scope="module")
+def sharded_pipelined(tmp_path_factory: pytest.TempPathFactory) -> Nodes:
+    """PP=2 x DP=4 on four nodes of 2 ranks, the distributed optimizer in 2 instances, bf16: node 3 (stage 1 of
+    replicas 2 and 3, ranks 6 and 7) lost in step 3; node 1 holds their stage 0 (ranks 2 and 3)."""
+    return elastic_job(tmp_path_factory.mktemp("sharded_pipelined"), "--train-iters", str(ITERS), *PIPELINE.args,
+                       SHARDED[0], nodes=4, lose=(6,), FT_PLUGINS_TTP_REPLICAS="2", **dict(PIPELINE.env),
+                       **{**ELASTIC, "FT_PLUGINS_INJECT_FAULT": f"rank=6,step={COMPLETED},kind=stuck"})
 
 
 @pytest.fixture(scope="module")
@@ -431,6 +441,25 @@ def test_with_tensor_parallelism_each_shards_optimizer_is_laid_out_again_bit_for
                            resumed.iteration(ITERS) / shard / "model_optim_rng.pt") == [], shard
         assert_bit_identical(nodes.job.iteration(ITERS) / shard / "distrib_optim.pt",
                              resumed.iteration(ITERS) / shard / "distrib_optim.pt", parts=None)
+
+
+def test_with_pipeline_stages_the_healthy_stage_leaves_and_each_stages_optimizer_is_laid_out_again(
+        sharded_pipelined: Nodes, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """PP=2 x DP=4 -> PP=2 x DP=2: ranks 2 and 3, the healthy stage 0 of the dropped replicas, leave (exit code 0,
+    their node's agent done); both stages' saves, ``distrib_optim.pt`` whole, are Megatron's own resume at
+    PP=2 x DP=2."""
+    nodes = sharded_pipelined
+    assert nodes.codes == (0, 0, 0, -9), nodes.outputs[0][-5000:]
+    assert nodes.job.lines("elastic: rank 2 leaves the job") and nodes.job.lines("elastic: rank 3 leaves the job")
+    assert nodes.job.lines("4 ranks go on at data-parallel size 2 (was 4), the global batch 4 kept")
+    shape = (*PIPELINE.args, *SHARDED)
+    reference = Launch(8, shape, PIPELINE.env).reference(tmp_path_factory.mktemp("sharded_pp_reference"))
+    resumed = _megatron_resume(reference, Launch(4, shape, PIPELINE.env), tmp_path_factory.mktemp("sharded_pp_at_dp2"))
+    for stage in STAGES:
+        assert differences(nodes.job.iteration(ITERS) / stage / "model_optim_rng.pt",
+                           resumed.iteration(ITERS) / stage / "model_optim_rng.pt") == [], stage
+        assert_bit_identical(nodes.job.iteration(ITERS) / stage / "distrib_optim.pt",
+                             resumed.iteration(ITERS) / stage / "distrib_optim.pt", parts=None)
 
 
 def test_the_laid_out_shards_dump_whole_and_the_job_grows_back_from_them_exactly(
