@@ -28,7 +28,8 @@ SIGKILLed whole (agent and workers): no replacement can come.
   back in step 5, the workers' dump of step 4 from the shards laid out is Megatron's own DP=2 save of it, and the
   job grown back to DP=4 from it ends as Megatron's own DP=4 resume of that save; TP=2 x DP=4 on two nodes of 4
   ranks -> TP=2 x DP=2, both shards exact; PP=2 x DP=4 on four nodes of 2 ranks -> PP=2 x DP=2, the healthy stage 0
-  of the two dropped replicas leaving, both stages exact.
+  of the two dropped replicas leaving, both stages exact; in torch_dist, each save read whole equal to Megatron's
+  own torch_dist resume at DP=2 of the torch-format save of step 2 (its resume of its own torch_dist save fails).
 - Four nodes of one rank, node 3 lost in step 3 and node 2 as it is about to rebuild the groups for the scale-in
   (a second fault): the survivors wait recover's timeout, not the groups' rendezvous's 10 minutes, dump step 2 (bit
   for bit the DP=4 save of it), and torchrun restarts the job on the two nodes left from the dump, bit for bit
@@ -121,6 +122,12 @@ def evaluated_at_dp2(evaluated_dp4: Job, tmp_path_factory: pytest.TempPathFactor
 def dist_scaled(tmp_path_factory: pytest.TempPathFactory) -> Nodes:
     return elastic_job(tmp_path_factory.mktemp("dist_scaled"), "--train-iters", str(ITERS), *DIST, lose=(2,),
                        **ELASTIC)
+
+
+@pytest.fixture(scope="module")
+def dist_sharded_scaled(tmp_path_factory: pytest.TempPathFactory) -> Nodes:
+    return elastic_job(tmp_path_factory.mktemp("dist_sharded_scaled"), "--train-iters", str(ITERS), *DIST, SHARDED[0],
+                       "--bf16", lose=(2,), FT_PLUGINS_TTP_REPLICAS="2", **ELASTIC)
 
 
 @pytest.fixture(scope="module")
@@ -339,6 +346,21 @@ def test_in_the_torch_dist_format_the_saves_after_the_scale_in_are_megatrons_own
         assert (nodes.job.iteration(step) / ".metadata").is_file(), step
         assert dist_differences(nodes.job.iteration(step), resumed.iteration(step)) == [], step
     assert dist_differences(nodes.job.iteration(ITERS), reference.iteration(ITERS)), "DP=4 sums in another order"
+
+
+def test_in_torch_dist_the_distributed_optimizers_saves_after_the_scale_in_are_megatrons_own_resume(
+        dist_sharded_scaled: Nodes, sharded_reference: Job, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """``--ckpt-format torch_dist`` with the distributed optimizer in 2 instances, bf16: Megatron saves the shards
+    laid out again as its sharded state; read whole, each save equals Megatron's own resume at DP=2, in torch_dist,
+    of the DP=4 run's save of step 2 in the torch format (megatron-core 0.17's resume of its own torch_dist save of it
+    at DP=2 fails at its first save: the optimizer's step counts it loads differ between parameters)."""
+    nodes = dist_sharded_scaled
+    assert nodes.codes[0] == 0, nodes.outputs[0][-5000:]
+    assert len(nodes.job.lines("laid the distributed optimizer out for data-parallel size 2")) == 2
+    resumed = _megatron_resume(sharded_reference, DP2, tmp_path_factory.mktemp("dist_sharded_at_dp2"), *SHARDED,
+                               "--bf16", *DIST, "--auto-detect-ckpt-format")
+    for step in (COMPLETED + 1, ITERS):
+        assert dist_differences(nodes.job.iteration(step), resumed.iteration(step)) == [], step
 
 
 def test_tensor_parallel_shards_in_bf16_kept_while_the_data_parallel_size_halves(
