@@ -424,11 +424,13 @@ def test_a_node_lost_inside_the_update_the_survivors_count_the_step_and_go_on_ex
     assert differences(in_update.job.iteration(ITERS) / model, resumed.iteration(ITERS) / model) == []
 
 
-def _same_sharded_save(job: Job, reference: Job, step: int) -> None:
-    assert differences(job.iteration(step) / "mp_rank_00/model_optim_rng.pt",
-                       reference.iteration(step) / "mp_rank_00/model_optim_rng.pt") == [], step
-    assert_bit_identical(job.iteration(step) / "mp_rank_00/distrib_optim.pt",
-                         reference.iteration(step) / "mp_rank_00/distrib_optim.pt", parts=None)
+def _same_sharded_save(job: Job, reference: Job, step: int, shards: tuple[str, ...] = ("mp_rank_00",)) -> None:
+    """Each of ``shards`` of ``job``'s save of ``step`` is ``reference``'s: its model file and ``distrib_optim.pt``."""
+    for shard in shards:
+        assert differences(job.iteration(step) / shard / "model_optim_rng.pt",
+                           reference.iteration(step) / shard / "model_optim_rng.pt") == [], (step, shard)
+        assert_bit_identical(job.iteration(step) / shard / "distrib_optim.pt",
+                             reference.iteration(step) / shard / "distrib_optim.pt", parts=None)
 
 
 def test_the_distributed_optimizer_is_laid_out_again_in_place_bit_for_bit_megatrons_own_resume(
@@ -458,11 +460,7 @@ def test_with_tensor_parallelism_each_shards_optimizer_is_laid_out_again_bit_for
     reference = Launch(8, shape, TP.env).reference(tmp_path_factory.mktemp("sharded_tp_reference"), *DP4.args)
     resumed = _megatron_resume(reference, Launch(4, shape, TP.env), tmp_path_factory.mktemp("sharded_tp_at_dp2"),
                                *DP4.args)
-    for shard in SHARDS:
-        assert differences(nodes.job.iteration(ITERS) / shard / "model_optim_rng.pt",
-                           resumed.iteration(ITERS) / shard / "model_optim_rng.pt") == [], shard
-        assert_bit_identical(nodes.job.iteration(ITERS) / shard / "distrib_optim.pt",
-                             resumed.iteration(ITERS) / shard / "distrib_optim.pt", parts=None)
+    _same_sharded_save(nodes.job, resumed, ITERS, SHARDS)
 
 
 def test_with_pipeline_stages_the_healthy_stage_leaves_and_each_stages_optimizer_is_laid_out_again(
@@ -477,11 +475,7 @@ def test_with_pipeline_stages_the_healthy_stage_leaves_and_each_stages_optimizer
     shape = (*PIPELINE.args, *SHARDED)
     reference = Launch(8, shape, PIPELINE.env).reference(tmp_path_factory.mktemp("sharded_pp_reference"))
     resumed = _megatron_resume(reference, Launch(4, shape, PIPELINE.env), tmp_path_factory.mktemp("sharded_pp_at_dp2"))
-    for stage in STAGES:
-        assert differences(nodes.job.iteration(ITERS) / stage / "model_optim_rng.pt",
-                           resumed.iteration(ITERS) / stage / "model_optim_rng.pt") == [], stage
-        assert_bit_identical(nodes.job.iteration(ITERS) / stage / "distrib_optim.pt",
-                             resumed.iteration(ITERS) / stage / "distrib_optim.pt", parts=None)
+    _same_sharded_save(nodes.job, resumed, ITERS, STAGES)
 
 
 def test_the_laid_out_shards_dump_whole_and_the_job_grows_back_from_them_exactly(
