@@ -22,8 +22,8 @@ expert parallelism, virtual pipeline stages, a batch-size ramp-up, one replica, 
 forms :func:`.reshard.unreshardable` names (a size its instances do not divide falls back at the fault). A
 global batch (or megatron-core 0.19's evaluation batch) the smaller size does not divide follows Megatron's
 ``--decrease-batch-size-if-needed``: rounded down with it, refused at the fault without it; the sizes that keep it
-are said at the start. After a scale-in a node lost again is scaled in again; a worker lost on a node that stays is left to
-torchrun (the dump, and its restart): the ranks are numbered anew, torchrun's are not. Growing back is torchrun's
+are said at the start. After a scale-in a node lost again is scaled in again; a worker lost on a node that stays is
+left to torchrun (the dump, and its restart): the ranks are numbered anew, torchrun's are not. Growing back is torchrun's
 restart when the lost node returns (the workers dump on SIGTERM and the job resumes at the full size: :class:`.regroup.Regroup` keeps the new
 workers' keys apart from the old ones'); not in place yet.
 """
@@ -294,11 +294,12 @@ class MegatronElastic(MegatronRecovery):
         megatron_args = megatron("training.global_vars").get_args()
         megatron_args.rank, megatron_args.world_size = dist.get_rank(), dist.get_world_size()
         megatron_args.data_parallel_size = self.resized
-        if megatron_args.use_distributed_optimizer:
+        if megatron_args.use_distributed_optimizer:  # Megatron's DDP, built again, scales its new buffers itself
             self._reshard(megatron_args, completed)
+        else:
+            relayout(self.objects[0], self.resized)
         if self.evaluation is not None:  # evaluate() reads it at each call
             megatron_args.eval_global_batch_size = self.evaluation
-        relayout(self.objects[0], self.resized)
         _reconfigure_micro_batches(dist.get_rank(), megatron_args, self.resized)
 
     def _reshard(self, megatron_args: Any, completed: int) -> None:

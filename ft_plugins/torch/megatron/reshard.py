@@ -48,16 +48,17 @@ def pieces(model: list[Any], optimizer: Any) -> list[Piece]:
     """The ranges of optimizer state this rank holds in ``optimizer``'s layout."""
     import torch
 
-    where = {param: (chunk, index) for chunk, module in enumerate(model) for index, param in enumerate(module.parameters())}
+    where = {param: (chunk, index)
+             for chunk, module in enumerate(model) for index, param in enumerate(module.parameters())}
     found = []
     for member in sharded_optimizers(optimizer):
-        for buffer_ranges in member.gbuf_ranges:
-            for buckets in buffer_ranges.values():
-                for bucket in buckets:
-                    for param, ranges in bucket["param_map"].items():
-                        tensors = {name: value for name, value in member._get_main_param_and_optimizer_states(param).items()
-                                   if torch.is_tensor(value) and value.dim() > 0}  # the step count is not sharded
-                        found.append(Piece(where[param], ranges["param"].start, ranges["param"].end, tensors))
+        for bucket in (bucket for buffer_ranges in member.gbuf_ranges for buckets in buffer_ranges.values()
+                       for bucket in buckets):
+            for param, ranges in bucket["param_map"].items():
+                state = member._get_main_param_and_optimizer_states(param)
+                tensors = {name: value for name, value in state.items()
+                           if torch.is_tensor(value) and value.dim() > 0}  # the step count is not sharded
+                found.append(Piece(where[param], ranges["param"].start, ranges["param"].end, tensors))
     return found
 
 
