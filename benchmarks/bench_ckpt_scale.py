@@ -17,6 +17,8 @@ interpreter lock, so operations of several threads overlap as a metadata server'
   first       newest intact, its verdict written at commit (the first start after a save, and every later one)
   truncated   newest holds one truncated rank file (damaged after its commit), the one before intact
   truncated, unjudged   the same without any verdict recorded
+  unfinished  the newest truncated and without its manifest (a save Megatron wrote alone, cut short), every later
+              start after the first that saw it (each start after its first refusal)
 And ``ft-plugins ckpt latest DIR`` as a whole process (interpreter start included, 0 ms); and what follows each save
 (``commit``: its manifest written, and the largest writer's bytes the grace learns), at 0 ms and at --delay. Figures are
 medians of --runs child processes (wall time, and the CPU time of the check's process and of the processes it
@@ -148,6 +150,13 @@ def drop_verdicts(root: Path) -> None:
     for directory in root.glob("iter_*"):
         for name in VERDICT_NAMES:
             (directory / name).unlink(missing_ok=True)
+
+
+def unfinish_newest(root: Path) -> None:
+    """The newest's manifest removed: a save Megatron wrote alone (its truncated file then refuses it)."""
+    newest = sorted(root.glob("iter_*"))[-1]
+    for manifest in newest.glob("ft_manifest*.json"):
+        manifest.unlink()
 
 
 def truncate_newest(root: Path) -> None:
@@ -308,11 +317,14 @@ def measure(root: Path, form: str, ranks: int, options: argparse.Namespace, old:
     label = f"{form} {ranks} ranks" if form == "torch_dist" else f"{form} {ranks} ranks ({options.mp} mp shards)"
     seconds: dict[tuple[str, str, float], float] = {}  # (code, scenario, delay): the median
     for scenario, state, before in [("unjudged", "intact", unjudged), ("first", "intact", None),
-                                    ("truncated", "truncated", None), ("trunc-unj", "truncated", unjudged)]:
+                                    ("truncated", "truncated", None), ("trunc-unj", "truncated", unjudged),
+                                    ("unfinished", "truncated", None)]:
         if scenario == "first":
             judge_all(root)
         if scenario == "truncated":
             truncate_newest(root)
+        if scenario == "unfinished":
+            unfinish_newest(root)
         for delay in (0, options.delay):
             run_child(root, delay, "check", None, before)  # warm: an earlier check leaves its verdicts
             report = median_run(options.runs, root, delay, "check", None, before=before)
@@ -320,7 +332,8 @@ def measure(root: Path, form: str, ranks: int, options: argparse.Namespace, old:
             seconds["now", scenario, delay] = report["seconds"]
             line = (f"{label:<34} {scenario:<9} {delay:>3} ms/op: {report['seconds']:7.3f} s, CPU {report['cpu']:.2f} s"
                     f" ({report['seconds'] / tracker[delay]['seconds']:7.0f}x the tracker alone; {ops_text(report)})")
-            if old is not None:
+            if old is not None:  # warmed alike: each code leaves the verdicts it reads (of its own version)
+                run_child(root, delay, "check", old, before)
                 then = median_run(options.baseline_runs, root, delay, "check", old, before=before)
                 assert then["chose"] == expected[state], then["chose"]
                 seconds["before", scenario, delay] = then["seconds"]

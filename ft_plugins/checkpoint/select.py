@@ -138,8 +138,8 @@ class _Examiner:
 
     def _file_problems(self, candidate: Candidate, files: dict[str, str]) -> tuple[list[str], list[str], list[str]]:
         """``(manifest problems, manifests not written, probe problems)`` of the candidate's own files; where
-        the layout keeps verdicts, a recorded verdict that still matches the files stands for the checks. A
-        dying-gasp dump is checked deep (every archive member's CRC): it was committed before its data reached
+        the layout keeps verdicts, a recorded verdict (intact or damaged) that still matches the files stands for the
+        checks. A dying-gasp dump is checked deep (every archive member's CRC): it was committed before its data reached
         the disk, and a node crash can bring a file back at its size with zeros where its head and tail are not."""
         manifests = {manifest: manifest_or_problem(manifest) for manifest, _ in candidate.manifests}
         deep = self.deep or any(is_dump(found) for found in manifests.values())
@@ -148,12 +148,13 @@ class _Examiner:
         snapshot = Snapshot(candidate.path, (manifest for manifest, _ in candidate.manifests))
         snapshot.add([*files.values(), *(path for manifest, base in candidate.manifests
                                          for path in listed_files(manifests[manifest], base))])
-        if recall(snapshot, deep):
-            return [], [_whose(candidate, base) + os.path.basename(manifest) for manifest, base in candidate.manifests
-                        if manifests[manifest] is None], []
+        recalled = recall(snapshot, deep)
+        if recalled is not None:
+            return recalled.manifest, [_whose(candidate, base) + os.path.basename(manifest)
+                                       for manifest, base in candidate.manifests if manifests[manifest] is None], \
+                recalled.probes
         found = self._checked(candidate, files, manifests, snapshot.stat, deep)
-        if not found[0] and not found[2]:
-            record(snapshot, deep)
+        record(snapshot, deep, found[0], found[2])
         return found
 
     def _checked(self, candidate: Candidate, files: dict[str, str], manifests: dict[str, dict[str, Any] | str | None],

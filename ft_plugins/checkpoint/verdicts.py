@@ -1,5 +1,6 @@
-"""A checkpoint's verdict: found intact by a full check, remembered inside it so that a restart re-reads
-one small file and stats the files instead of probing and digesting them again.
+"""A checkpoint's verdict: found intact, or damaged, by a full check, remembered inside it so that a restart
+re-reads one small file and stats the files instead of probing and digesting them again (a damaged newest,
+say one Megatron wrote alone that lost a file, would otherwise be walked again at every start while it stays).
 
 The verdict holds a fingerprint of every file the check read (each file's name, size, mtime, ctime and
 inode, and which were absent, e.g. a manifest not yet written), of the one stat of each taken before the
@@ -7,7 +8,9 @@ check read any of them (:class:`Snapshot`), and counts only while the files stil
 to any covered file (rewritten, truncated, touched, replaced, removed or added to the listing) makes it
 count for nothing, as do a verdict of another version of these checks, a fast verdict for a deep check,
 and a verdict that cannot be read; the full check then runs again. It never makes a file look intact
-that the full check did not find intact in the very state it is in.
+that the full check did not find intact in the very state it is in. A damaged verdict is kept only for damage
+the files themselves hold (never a read error, which may pass), covers every path the check stat-ed (a file a
+``.metadata`` names that was missing then is covered as absent), and serves a check as deep as its own or deeper.
 """
 
 from __future__ import annotations
@@ -16,15 +19,17 @@ import hashlib
 import json
 import logging
 import os
-from typing import Iterable
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
 
 from ft_plugins.checkpoint.atomic import atomic_file
 from ft_plugins.checkpoint.parallel import each
 from ft_plugins.checkpoint.reading import read_json
 
 VERDICT_FILE = "ft_verdict.json"
-VERSION = 1  # raise whenever a check grows stricter: every older verdict then counts for nothing
-_LIMIT = 4 << 10
+VERSION = 2  # raise whenever a check grows stricter: every older verdict then counts for nothing
+_LIMIT = 64 << 10
+TRANSIENT = "unreadable"  # what a reason born of a read error says: such damage is never remembered
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +43,7 @@ class Snapshot:
     def __init__(self, directory: str, paths: Iterable[str] = ()) -> None:
         self.directory = directory
         self._status: dict[str, os.stat_result | OSError] = {}
+        self.beyond: set[str] = set()  # paths the check stat-ed that the snapshot was not given
         self.add(paths)
 
     def add(self, paths: Iterable[str]) -> None:
@@ -46,19 +52,22 @@ class Snapshot:
         self._status.update(zip(new, each(_status, new)))
 
     def stat(self, path: str) -> os.stat_result:
-        """``os.stat(path)`` as the snapshot took it; a path it does not cover is stat-ed now."""
+        """``os.stat(path)`` as the snapshot took it; a path it does not cover is stat-ed now, and covered."""
         if path not in self._status:
-            return os.stat(path)
+            self._status[path] = _status(path)
+            self.beyond.add(path)
         status = self._status[path]
         if isinstance(status, OSError):
             raise type(status)(status.errno, status.strerror, status.filename)
         return status
 
+    def relative(self, path: str) -> str:
+        inside = self.directory + os.sep
+        return path[len(inside):] if path.startswith(inside) else os.path.relpath(path, self.directory)
+
     def fingerprint(self) -> str:
         """A digest of the covered files' names (relative to the directory) and states."""
-        inside = self.directory + os.sep
-        named = [[path[len(inside):] if path.startswith(inside) else os.path.relpath(path, self.directory),
-                  _state(self._status[path])] for path in sorted(self._status)]
+        named = [[self.relative(path), _state(self._status[path])] for path in sorted(self._status)]
         return hashlib.blake2b(json.dumps(named).encode(), digest_size=20).hexdigest()
 
 
@@ -79,24 +88,51 @@ def _state(status: os.stat_result | OSError) -> list[int] | None:
     return [status.st_size, status.st_mtime_ns, status.st_ctime_ns, status.st_ino]
 
 
-def recall(snapshot: Snapshot, deep: bool) -> bool:
-    """Whether the snapshot's directory holds a verdict of this version, as deep as asked, for exactly
-    these files in exactly their present state."""
+@dataclass(frozen=True)
+class Recalled:
+    """A verdict that still stands: intact when both lists are empty, else the damage the check found."""
+
+    manifest: list[str] = field(default_factory=list)  # what does not match the manifests
+    probes: list[str] = field(default_factory=list)  # what the files' own probes found
+
+    @property
+    def intact(self) -> bool:
+        return not self.manifest and not self.probes
+
+
+def recall(snapshot: Snapshot, deep: bool) -> Recalled | None:
+    """The snapshot's directory's verdict of this version, for exactly these files in exactly their present state,
+    where it serves a check this deep (intact: its check was as deep; damaged: its check was no deeper); else None."""
     try:
         recorded = read_json(os.path.join(snapshot.directory, VERDICT_FILE), _LIMIT)
     except (OSError, ValueError):
-        return False
+        return None
     if not (isinstance(recorded, dict) and recorded.get("version") == VERSION
-            and isinstance(recorded.get("fingerprint"), str) and (recorded.get("deep") is True or not deep)):
-        return False
-    return recorded["fingerprint"] == snapshot.fingerprint()
+            and isinstance(recorded.get("fingerprint"), str) and isinstance(recorded.get("deep"), bool)):
+        return None
+    damage = [recorded.get(name, []) for name in ("manifest", "probes", "beyond")]
+    if not all(isinstance(found, list) and all(isinstance(item, str) for item in found) for found in damage):
+        return None
+    verdict = Recalled(damage[0], damage[1])
+    if recorded["deep"] != deep and (recorded["deep"] is False) == verdict.intact:
+        return None
+    beyond = [os.path.join(snapshot.directory, name) for name in damage[2]
+              if not os.path.isabs(name) and ".." not in name.split("/")]
+    snapshot.add(beyond)
+    return verdict if recorded["fingerprint"] == snapshot.fingerprint() else None
 
 
-def record(snapshot: Snapshot, deep: bool) -> None:
-    """Remember that the files, in the states of the snapshot taken before the check, were found intact;
-    nothing when the directory is read-only (the next check is full)."""
+def record(snapshot: Snapshot, deep: bool, manifest: Sequence[str] = (), probes: Sequence[str] = ()) -> None:
+    """Remember that the files, in the states of the snapshot taken before the check, were found intact (no
+    damage given) or damaged so; nothing for damage a read error may have caused, nor where the directory is
+    read-only (the next check is full)."""
+    if any(TRANSIENT in reason for reason in (*manifest, *probes)):
+        return
+    found = {"manifest": list(manifest), "probes": list(probes)} if manifest or probes else {}
+    beyond = sorted(snapshot.relative(path) for path in snapshot.beyond)
     try:
         with atomic_file(os.path.join(snapshot.directory, VERDICT_FILE)) as handle:
-            json.dump({"version": VERSION, "deep": deep, "fingerprint": snapshot.fingerprint()}, handle)
+            json.dump({"version": VERSION, "deep": deep, "fingerprint": snapshot.fingerprint(), **found,
+                       **({"beyond": beyond} if beyond else {})}, handle)
     except OSError as exc:
         log.debug("no verdict recorded in %s: %s", snapshot.directory, exc)

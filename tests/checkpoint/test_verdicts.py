@@ -180,13 +180,58 @@ def test_a_garbage_or_forged_verdict_and_a_fast_one_for_a_deep_check_count_for_n
     assert probes == []
 
 
-def test_a_verdict_is_never_recorded_for_a_damaged_checkpoint_nor_where_it_cannot_be_written(
+def test_a_damaged_newest_is_remembered_and_a_restart_refuses_it_on_its_stats_alone(
         save: Path, probes: list[str]) -> None:
-    newest = save / "iter_0000004"
-    os.truncate(_data_file(newest), 10)
-    assert find_latest(save).path == str(save / "iter_0000002")
-    assert not (newest / VERDICT_FILE).exists() and (save / "iter_0000002" / VERDICT_FILE).exists()
-    older = save / "iter_0000002"
+    """The damage found is kept in the damaged checkpoint's own verdict: a restart stats its files and refuses it
+    for the same reason, without probing or reading it again; the damaged file put right makes the verdict count
+    for nothing, and the newest is chosen again."""
+    newest, older = save / "iter_0000004", save / "iter_0000002"
+    damaged = _data_file(newest)
+    intact = damaged.read_bytes()
+    os.truncate(damaged, 10)
+    first = find_latest(save)
+    remembered = json.loads((newest / VERDICT_FILE).read_text())
+    assert first.path == str(older) and remembered["manifest"] + remembered["probes"], remembered
+    probes.clear()
+    again = find_latest(save)
+    assert again.path == str(older) and probes == [], probes
+    assert again.skipped[0].reason == first.skipped[0].reason
+    damaged.write_bytes(intact)
+    probes.clear()
+    assert find_latest(save).path == str(newest) and probes
+    assert "manifest" not in json.loads((newest / VERDICT_FILE).read_text())
+
+
+def test_a_file_the_metadata_names_that_was_missing_is_covered_by_the_damaged_verdict(tmp_path: Path,
+                                                                                       probes: list[str]) -> None:
+    """A torch_dist save Megatron wrote alone (no manifest) that lacks a ``.distcp`` file its ``.metadata`` names:
+    the verdict covers that file as absent, so when it appears the full check runs again."""
+    for iteration in (2, 4):
+        _save(tmp_path, iteration, dist=True)
+    newest = tmp_path / "iter_0000004"
+    for manifest in tmp_path.glob("iter_*/ft_manifest.json"):
+        manifest.unlink()
+    shard = next(newest.glob("*.distcp"))
+    held = shard.read_bytes()
+    shard.unlink()
+    assert find_latest(tmp_path).path == str(tmp_path / "iter_0000002")
+    assert json.loads((newest / VERDICT_FILE).read_text())["beyond"] == [shard.name]
+    probes.clear()
+    assert find_latest(tmp_path).path == str(tmp_path / "iter_0000002") and probes == []
+    shard.write_bytes(held)
+    assert find_latest(tmp_path).path == str(newest) and probes
+
+
+def test_damage_from_a_read_error_is_never_remembered_nor_a_verdict_where_it_cannot_be_written(
+        save: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    newest, older = save / "iter_0000004", save / "iter_0000002"
+    real = select_module.probe
+    monkeypatch.setattr(select_module, "probe", lambda path, *args: "unreadable: Input/output error" if
+                        path == str(_data_file(newest)) else real(path, *args))
+    monkeypatch.setattr(select_module, "content_problems", lambda *args, **kwargs: [])
+    os.truncate(_data_file(newest), 10)  # refused on its stats, then probed: a read error
+    assert find_latest(save).path == str(older)
+    assert not (newest / VERDICT_FILE).exists() and (older / VERDICT_FILE).exists()
     (older / VERDICT_FILE).unlink()
     older.chmod(0o555)
     try:
@@ -194,6 +239,23 @@ def test_a_verdict_is_never_recorded_for_a_damaged_checkpoint_nor_where_it_canno
         assert not (older / VERDICT_FILE).exists() or os.geteuid() == 0
     finally:
         older.chmod(0o755)
+
+
+def test_damage_only_a_deep_check_found_does_not_refuse_a_fast_check(save: Path, probes: list[str]) -> None:
+    """An intact verdict serves a check no deeper than its own, a damaged one a check no shallower."""
+    newest = save / "iter_0000004"
+    os.truncate(_data_file(newest), 10)
+    find_latest(save)
+    verdict = newest / VERDICT_FILE
+    shallow = json.loads(verdict.read_text())
+    verdict.write_text(json.dumps({**shallow, "deep": True}))
+    probes.clear()
+    find_latest(save)
+    assert probes  # a deep check's damage is not taken for a fast check
+    verdict.write_text(json.dumps(shallow))
+    probes.clear()
+    find_latest(save, deep=True)
+    assert [path for path in probes if path.startswith(str(newest))] == []  # a fast check's damage holds deep
 
 
 def test_the_verdict_file_is_left_out_of_a_later_commit(save: Path) -> None:
