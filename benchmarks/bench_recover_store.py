@@ -11,13 +11,21 @@ The exchange before (each rank read every other rank's standing, a look for the 
 a read for each, polling every 20 ms while one was missing) is timed for one rank reading N − 1 standings already
 there, and its requests counted for the job: 3·N·(N − 1), at the server's rate measured there.
 
-    python benchmarks/bench_recover_store.py [--ranks 1024 10240] [--connections 32]
+torchrun's keep-alives on the same store: a thread on a connection of its own makes the keep-alive of torchrun's c10d
+rendezvous (torch's own ``C10dRendezvousBackend``: read the state, then compare-and-set it) every --beat seconds,
+for a second before each generation and all through it; printed: its median and longest round, idle and during
+the exchange and the old reads, against the 5 s within which torchrun's agent must complete a keep-alive
+(``RendezvousTimeout.heartbeat``; a node without one for 3 rounds of 5 s is dropped from the rendezvous).
+
+    python benchmarks/bench_recover_store.py [--ranks 1024 10240] [--connections 32] [--beat 0.05]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -65,12 +73,48 @@ def _phase(connections: list[Counting], ranks: list[int], work: Callable[[Counti
     return time.perf_counter() - started
 
 
+class KeepAlive:
+    """torchrun's c10d rendezvous keep-alive (read the state, compare-and-set it), every ``beat`` seconds, timed."""
+
+    def __init__(self, port: int, beat: float) -> None:
+        from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+        self.backend = C10dRendezvousBackend(TCPStore("127.0.0.1", port, is_master=False), "bench-keep-alive")
+        self.beat, self.rounds = beat, []  # (when it began, seconds)
+        self.running = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while self.running.is_set():
+            began = time.perf_counter()
+            state, token = self.backend.get_state() or (b"", None)
+            self.backend.set_state(state + b"." if len(state) < 64 else b"", token)
+            self.rounds.append((began, time.perf_counter() - began))
+            time.sleep(self.beat)
+
+    def __enter__(self) -> "KeepAlive":
+        self.running.set()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.running.clear()
+        self.thread.join()
+
+    def during(self, start: float, end: float) -> str:
+        taken = [seconds for began, seconds in self.rounds if start <= began < end]
+        if not taken:
+            return "no round"
+        return f"{len(taken)} rounds, median {statistics.median(taken) * 1e3:.2f} ms, longest {max(taken) * 1e3:.1f} ms"
+
+
 def generation(port: int, world: int, width: int, generation_number: int) -> dict[str, float]:
     connect = lambda: Counting(PrefixStore(NAMESPACE, TCPStore("127.0.0.1", port, is_master=False,  # noqa: E731
                                                                   timeout=timedelta(seconds=600))))
     launcher, replacement, connections = connect(), connect(), [connect() for _ in range(width)]
     lost = world // 2
     survivors = [rank for rank in range(world) if rank != lost]
+    began_exchange = time.perf_counter()  # the connections made: the keep-alive's "during the exchange" from here
     launcher.set(key(generation_number, "lost"), str(lost))
 
     def publish(store: Counting, rank: int) -> None:  # what a survivor does, as MegatronRecovery._recover does it
@@ -89,7 +133,7 @@ def generation(port: int, world: int, width: int, generation_number: int) -> dic
                     lambda store, rank: _rank(store)._await(generation_number, ["joined"], "the replacement"))
     return {"survivors' requests": sum(store.requests for store in connections),
             "replacement's requests": replacement.requests, "published s": published, "read s": read,
-            "joined s": joined}
+            "joined s": joined, "began": began_exchange}
 
 
 def before(port: int, world: int, generation_number: int) -> tuple[int, float]:
@@ -108,11 +152,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[1024, 10240])
     parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--beat", type=float, default=0.05, help="seconds between keep-alives (torchrun's: 5)")
     options = parser.parse_args()
     server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     for number, world in enumerate(options.ranks, start=1):
-        now = generation(server.port, world, options.connections, number)
-        requests, seconds = before(server.port, world, number)
+        with KeepAlive(server.port, options.beat) as keep_alive:
+            idle = time.perf_counter()
+            time.sleep(1.0)
+            quiet = time.perf_counter()
+            now = generation(server.port, world, options.connections, number)
+            old = time.perf_counter()
+            requests, seconds = before(server.port, world, number)
+            done = time.perf_counter()
         rate = requests / seconds
         survivors, replacement = now["survivors' requests"], now["replacement's requests"]
         print(f"{world} ranks, {options.connections} connections:")
@@ -122,6 +173,9 @@ def main() -> None:
         print(f"  before: {requests} requests per rank ({seconds:.2f} s for one rank's reads, {rate:,.0f} requests/s), "
               f"{3 * world * (world - 1):,} in all: {3 * world * (world - 1) / rate:,.0f} s of the store's time at "
               "that rate")
+        print(f"  torchrun's keep-alive (its deadline 5 s): idle {keep_alive.during(idle, quiet)}; during the "
+              f"exchange {keep_alive.during(now['began'], old)}; during one rank's old reads "
+              f"{keep_alive.during(old, done)}")
 
 
 if __name__ == "__main__":
