@@ -192,6 +192,58 @@ def _whose(candidate: Candidate, base: str) -> str:
     return f"{os.path.basename(base)}/" if len(candidate.manifests) > 1 else ""
 
 
+class Search:
+    """The candidates of one save directory, newest first, each checked only when the search reaches it."""
+
+    def __init__(self, directory: str | os.PathLike[str], format: str = "auto", rank: int | None = None,
+                 deep: bool = False) -> None:
+        if format not in FORMATS:
+            raise CheckpointError(f"unknown checkpoint format {format!r}; use one of {', '.join(FORMATS)}")
+        if rank is not None and (type(rank) is not int or rank < 0):
+            raise CheckpointError(f"rank {rank!r} is not a rank: give a number from 0 (or none)")
+        root = os.fspath(directory)
+        entries = _entries(root)
+        self.layout = detect(entries, format)
+        self.format = self.layout.name if self.layout is not None else None if format == "auto" else format
+        scan = self.layout.scan(root, entries, rank) if self.layout is not None else None
+        self.candidates = scan.candidates if scan is not None else []
+        self.skipped = [Skipped(path, reason) for path, reason in scan.notes] if scan is not None else []
+        self.examiner = _Examiner(self.layout, self.candidates, deep) if self.layout is not None else None
+        self.index = 0
+        self.offered: str | None = None  # the intact one the last call gave
+
+    def next_intact(self, at_most: tuple[int, int, int] | None = None, why: str = "") -> Selection:
+        """The newest intact candidate not examined yet (of ``order`` at most ``at_most``: newer ones, and the one the
+        last call gave, are passed over for ``why``), with every one passed over so far; its ``path`` None when none
+        is left."""
+        if self.offered is not None:
+            self.skipped.append(Skipped(self.offered, why))
+            self.offered = None
+        while self.index < len(self.candidates):
+            index, candidate = self.index, self.candidates[self.index]
+            self.index += 1
+            if at_most is not None and order(self.layout.details(candidate)) > at_most:
+                self.skipped.append(Skipped(candidate.path, why))
+                continue
+            problems = self.examiner.problems(index)
+            if not problems:
+                chosen = self.layout.details(candidate)
+                self.offered = chosen.path
+                return Selection(chosen.path, chosen.iteration, self.layout.name, list(self.skipped), chosen.epoch,
+                                 chosen.step)
+            cut_short = candidate.never_committed if candidate.never_committed and not self.examiner.committed(
+                index) else None
+            reasons = [*problems, cut_short] if cut_short else problems
+            self.skipped.append(Skipped(candidate.path, "; ".join(reasons), candidate.unfinished or bool(cut_short)))
+        return Selection(None, None, self.format, list(self.skipped))
+
+
+def order(selection: Any) -> tuple[int, int, int]:
+    """Where a checkpoint stands among its directory's (iteration, epoch, step; -1 where it has none)."""
+    return tuple(-1 if value is None else int(value)  # type: ignore[return-value]
+                 for value in (selection.iteration, selection.epoch, selection.step))
+
+
 def find_latest(directory: str | os.PathLike[str], format: str = "auto", rank: int | None = None,
                 deep: bool = False) -> Selection:
     """The newest intact checkpoint in a save directory, and every newer candidate skipped with its reason.
@@ -199,27 +251,7 @@ def find_latest(directory: str | os.PathLike[str], format: str = "auto", rank: i
     ``rank`` picks that rank's file in per-rank layouts (mindspore, mindformers); every rank gets the
     same epoch/step. Raises CheckpointError for an unreadable directory or an unknown format.
     """
-    if format not in FORMATS:
-        raise CheckpointError(f"unknown checkpoint format {format!r}; use one of {', '.join(FORMATS)}")
-    if rank is not None and (type(rank) is not int or rank < 0):
-        raise CheckpointError(f"rank {rank!r} is not a rank: give a number from 0 (or none)")
-    root = os.fspath(directory)
-    entries = _entries(root)
-    layout = detect(entries, format)
-    if layout is None:
-        return Selection(None, None, None if format == "auto" else format, [])
-    scan = layout.scan(root, entries, rank)
-    examiner = _Examiner(layout, scan.candidates, deep)
-    skipped = [Skipped(path, reason) for path, reason in scan.notes]
-    for index, candidate in enumerate(scan.candidates):
-        problems = examiner.problems(index)
-        if not problems:
-            chosen = layout.details(candidate)
-            return Selection(chosen.path, chosen.iteration, layout.name, skipped, chosen.epoch, chosen.step)
-        cut_short = candidate.never_committed if candidate.never_committed and not examiner.committed(index) else None
-        reasons = [*problems, cut_short] if cut_short else problems
-        skipped.append(Skipped(candidate.path, "; ".join(reasons), candidate.unfinished or bool(cut_short)))
-    return Selection(None, None, layout.name, skipped)
+    return Search(directory, format, rank, deep).next_intact()
 
 
 def verify(path: str | os.PathLike[str], deep: bool = False) -> Verdict:

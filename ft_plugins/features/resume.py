@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from ft_plugins import events
 from ft_plugins.config import Option, parse_bool
@@ -46,19 +46,28 @@ class Resume(Feature):
         self.committed = 0
         return "no vendor runtime needed"
 
-    def choose(self, directory: str, format: str = "auto", rank: int | None = None) -> Selection:
+    def choose(self, directory: str, format: str = "auto", rank: int | None = None,
+               gather: Callable[[tuple[int, ...]], Sequence[tuple[int, ...]]] | None = None) -> Selection:
         """The checkpoint to resume from, logging every skipped one; raises NoIntactCheckpoint when
         checkpoints exist, none is intact and ``allow_scratch`` is off. Saves that never finished (a dying-gasp
-        dump cut short) are not checkpoints: alone, they leave the job to start as it would without one."""
+        dump cut short) are not checkpoints: alone, they leave the job to start as it would without one.
+
+        ``gather`` (an all-gather over every rank): ``directory`` holds this rank's own files only, and the ranks
+        agree on the newest checkpoint intact on all of them (:mod:`ft_plugins.checkpoint.agreed`); every rank must
+        call it then, whatever its directory holds."""
         from ft_plugins.checkpoint.errors import NoIntactCheckpoint
         from ft_plugins.checkpoint.select import find_latest
 
         started = time.monotonic()
-        selection = find_latest(directory, format, rank=rank, deep=self.settings["deep"])
+        if gather is None:
+            selection = find_latest(directory, format, rank=rank, deep=self.settings["deep"])
+        else:
+            selection = self._agreed(directory, format, gather)
         checked = check_time(started)
         self.loaded = selection
         events.emit("resume", chosen=selection.path, skipped=[[s.path, s.reason] for s in selection.skipped])
-        level = logging.WARNING if is_rank_zero() else logging.DEBUG  # every rank sees the same: rank 0 says it
+        # every rank sees the same, rank 0 says it; with gather each rank says the damage of its own files
+        level = logging.WARNING if is_rank_zero() or gather is not None else logging.DEBUG
         for skipped in selection.skipped:
             log.log(level, "resume: skipped %s: %s", skipped.path, skipped.reason)
         if selection.path is not None:
@@ -82,6 +91,20 @@ class Resume(Feature):
             log.warning("resume: no intact checkpoint in %s (%s); starting from scratch (allow_scratch is on)",
                         directory, checked)
         return selection
+
+    def _agreed(self, directory: str, format: str, gather: Callable[[tuple[int, ...]], Sequence[tuple[int, ...]]]
+                ) -> Selection:
+        from ft_plugins.checkpoint.agreed import agreed_latest
+        from ft_plugins.checkpoint.errors import CheckpointError
+        from ft_plugins.checkpoint.select import Search
+
+        search = None
+        if os.path.isdir(directory):
+            try:
+                search = Search(directory, format, deep=self.settings["deep"])
+            except CheckpointError as exc:  # this rank still takes part: the others wait for its word
+                log.warning("resume: cannot examine %s (%s); this rank offers no checkpoint", directory, exc)
+        return agreed_latest(search, gather, directory)
 
     def commit(self, checkpoint: str) -> str | None:
         """Write the manifest of a finished save (a checkpoint directory once every rank finished, or one

@@ -142,9 +142,10 @@ class ResumeCallback(Callback):
     """Loads the newest intact checkpoint of ``directory`` for this rank at train begin, and commits
     every save of the run's ``ModelCheckpoint`` (:class:`SaveCommitter`).
 
-    The choice is made at construction, so that ``initial_epoch(steps_per_epoch, dataset)`` can tell
-    ``Model.train`` where to start and the dataset what to skip; broken, truncated, uncommitted and
-    ``_breakpoint`` checkpoints are skipped with the reason. Without ``directory`` nothing can be chosen
+    The choice is made at construction, on every rank, so that ``initial_epoch(steps_per_epoch, dataset)`` can
+    tell ``Model.train`` where to start and the dataset what to skip: under a distributed launch each rank checks
+    only its own files and the ranks agree on the newest checkpoint intact on all of them (an all-gather a round);
+    broken, truncated, uncommitted and ``_breakpoint`` checkpoints are skipped with the reason. Without ``directory`` nothing can be chosen
     before training: ``initial_epoch`` refuses, and a train begin that finds a checkpoint in the run's
     ``ModelCheckpoint`` directory stops with the fix, rather than train every epoch again on top of it.
     Inside MindFormers' trainer it never loads: MindFormers resumes itself (``resume_training``, guarded by
@@ -166,16 +167,24 @@ class ResumeCallback(Callback):
         if self.resume is not None and directory and trainer_run() is None:
             self._choose(save_root(directory))
 
-    def _choose(self, directory: str) -> None:
+    def _choose(self, directory: str, every_rank: bool = True) -> None:
         """The resume choice; only NoIntactCheckpoint (checkpoints exist, none intact) stops the job, before
-        training. A directory that cannot be examined is logged and training starts as MindSpore would."""
+        training. A directory that cannot be examined is logged and training starts as MindSpore would.
+        ``every_rank``: every rank makes this call, so each checks only its own files and the ranks agree on the
+        newest intact on all (:mod:`ft_plugins.checkpoint.agreed`), the same step on every rank by construction."""
         from ft_plugins.checkpoint.errors import NoIntactCheckpoint
+        from ft_plugins.mindspore.agree import all_gather, own_directory
 
-        if not os.path.isdir(directory):
+        gather = all_gather() if every_rank else None
+        if gather is None and not os.path.isdir(directory):
             log.info("resume: %s does not exist yet; starting from scratch", directory)
             return
         try:
-            self.selection = self.resume.choose(directory, self.format, rank=global_rank())
+            if gather is None:
+                self.selection = self.resume.choose(directory, self.format, rank=global_rank())
+            else:
+                self.selection = self.resume.choose(own_directory(directory, global_rank() or 0), self.format,
+                                                    gather=gather)
         except NoIntactCheckpoint:
             raise
         except Exception as exc:  # never into training
@@ -223,8 +232,8 @@ class ResumeCallback(Callback):
             self._leave_to_mindformers(run, checkpoint)
             return
         if checkpoint is not None:
-            if self.selection is None and not self.directory:  # only to refuse a silent retrain
-                self._choose(save_root(checkpoint._directory))  # noqa: SLF001
+            if self.selection is None and not self.directory:  # only to refuse a silent retrain (maybe one rank)
+                self._choose(save_root(checkpoint._directory), every_rank=False)  # noqa: SLF001
             self.committer = SaveCommitter.attach(checkpoint, self.resume)
         if self.selection is None or self.selection.path is None:
             return

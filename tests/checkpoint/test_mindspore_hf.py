@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -172,3 +174,85 @@ def test_hf_resume_through_the_hook_is_byte_identical_to_the_uninterrupted_run(
     assert f"resuming from {save / 'checkpoint-2'}" in output
     for name in ("model.safetensors", "optimizer.pt", "scheduler.pt"):
         assert (save / "checkpoint-6" / name).read_bytes() == (hf_save / "checkpoint-6" / name).read_bytes(), name
+
+
+class Exchange:
+    """An all-gather among threads standing for ranks: each gives its values and gets every rank's, in rank order."""
+
+    def __init__(self, ranks: int) -> None:
+        self.barrier, self.values, self.rounds = threading.Barrier(ranks), [()] * ranks, 0
+
+    def gather_for(self, rank: int) -> Callable[[tuple[int, ...]], list[tuple[int, ...]]]:
+        def gather(values: tuple[int, ...]) -> list[tuple[int, ...]]:
+            self.values[rank] = tuple(values)
+            if self.barrier.wait() == 0:
+                self.rounds += 1
+            gathered = list(self.values)
+            self.barrier.wait()
+            return gathered
+
+        return gather
+
+
+def _agreed_on_own_disks(nodes: list[Path], allow_scratch: bool = False) -> list[object]:
+    """Each rank's ``Resume.choose`` on its own disk (``nodes[rank]``: only its ``rank_N`` there), all at once, as
+    ResumeCallback makes it under msrun; each answer a Selection, or the error it raised."""
+    from ft_plugins.features.resume import Resume
+    from ft_plugins.mindspore.agree import own_directory
+
+    exchange, answers = Exchange(len(nodes)), [None] * len(nodes)
+
+    def rank_does(rank: int) -> None:
+        resume = Resume("ms", {**{option.name: option.default for option in Resume.options},
+                               "allow_scratch": allow_scratch})
+        resume.start()
+        try:
+            answers[rank] = resume.choose(own_directory(str(nodes[rank]), rank), gather=exchange.gather_for(rank))
+        except Exception as exc:  # noqa: BLE001 - the answer under test
+            answers[rank] = exc
+
+    threads = [threading.Thread(target=rank_does, args=(rank,)) for rank in range(len(nodes))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return answers
+
+
+def _node_local(ms_save: Path, root: Path, damage) -> list[Path]:
+    """The save as disks each rank alone sees: ``node0/rank_0``, ``node1/rank_1``."""
+    save = damage.copy(ms_save, root / "shared")
+    for rank in (0, 1):
+        shutil.move(save / f"rank_{rank}", root / f"node{rank}" / f"rank_{rank}")
+    return [root / "node0", root / "node1"]
+
+
+def test_ranks_on_their_own_disks_agree_on_the_newest_checkpoint_intact_on_every_rank(
+        ms_save: Path, tmp_path: Path, damage) -> None:
+    """Rank 1's newest truncated on its own disk: alone, rank 0 would take step 2_4 and rank 1 step 2_2 (the
+    negative control); agreeing, both take 2_2, each having read its own files only."""
+    nodes = _node_local(ms_save, tmp_path, damage)
+    damage.truncate(nodes[1] / "rank_1" / "net-2_4.ckpt")
+    alone = [find_latest(nodes[rank], rank=rank) for rank in (0, 1)]
+    assert [(s.epoch, s.step) for s in alone] == [(2, 4), (2, 2)]
+    answers = _agreed_on_own_disks(nodes)
+    assert [(s.epoch, s.step) for s in answers] == [(2, 2), (2, 2)], answers
+    assert [s.path for s in answers] == [str(nodes[rank] / f"rank_{rank}" / "net-2_2.ckpt") for rank in (0, 1)]
+    assert "intact here, but not on every rank" in answers[0].skipped[0].reason
+    assert "field runs past the end" in answers[1].skipped[0].reason
+    os.unlink(nodes[0] / "rank_0" / "net-2_2.ckpt")  # a hole on rank 0 too: the next step down on both
+    assert [(s.epoch, s.step) for s in _agreed_on_own_disks(nodes)] == [(1, 4), (1, 4)]
+
+
+def test_a_rank_that_holds_nothing_makes_every_rank_refuse_or_start_afresh_alike(ms_save: Path, tmp_path: Path,
+                                                                               damage) -> None:
+    from ft_plugins.checkpoint.errors import NoIntactCheckpoint
+
+    nodes = _node_local(ms_save, tmp_path, damage)
+    shutil.rmtree(nodes[1])  # a new node, its disk empty
+    refused = _agreed_on_own_disks(nodes)
+    assert all(isinstance(answer, NoIntactCheckpoint) for answer in refused), refused
+    assert "rank 1 holds no intact one the others hold" in str(refused[0].skipped[-1])
+    assert [answer.path for answer in _agreed_on_own_disks(nodes, allow_scratch=True)] == [None, None]
+    shutil.rmtree(nodes[0])  # nothing anywhere: a first start, on both
+    assert [(answer.path, answer.skipped) for answer in _agreed_on_own_disks(nodes)] == [(None, []), (None, [])]

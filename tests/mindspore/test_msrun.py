@@ -137,6 +137,26 @@ def finished(preempted: Job, tmp_path_factory: pytest.TempPathFactory) -> Job:
                           root=copy_root(preempted.root, workdir / "ckpt"), launcher=msrun_jobs.ft_run(SHORT_GRACE))
 
 
+@pytest.fixture(scope="module")
+def own_disks(dumped: Job, tmp_path_factory: pytest.TempPathFactory) -> tuple[Job, list[tuple[int, int]]]:
+    """The crash's checkpoints on disks each rank alone sees (``node0/rank_0``, ``node1/rank_1``, as on node-local
+    disks), rank 1's dump of step 14 truncated on its disk; relaunched with the recipe and ``resume``. With it, the
+    (epoch, step) each rank's disk alone would resume, read before the relaunch."""
+    from ft_plugins.checkpoint import find_latest
+
+    workdir = tmp_path_factory.mktemp("own_disks")
+    shared = copy_root(dumped.root, workdir / "shared")
+    nodes = [workdir / f"node{rank}" for rank in range(WORKERS)]
+    for rank, node in enumerate(nodes):
+        node.mkdir()
+        (shared / f"rank_{rank}").rename(node / f"rank_{rank}")
+    damaged = next((nodes[1] / "rank_1").glob("*-2_6.ckpt"))
+    os.truncate(damaged, damaged.stat().st_size // 2)
+    alone = [find_latest(node, rank=rank) for rank, node in enumerate(nodes)]
+    job = msrun_jobs.run(workdir, "recipe", job_env(FT_PLUGINS="resume"), root=workdir / "node{rank}")
+    return job, [(selection.epoch, selection.step) for selection in alone]
+
+
 def test_without_ft_plugins_sigterm_to_msrun_orphans_the_job(reference: Job) -> None:
     """The negative control of the preemption: msrun dies at once and its scheduler and workers train on
     (and its `tail -f` of each worker's log runs on for ever)."""
@@ -324,3 +344,19 @@ def test_without_a_resume_dir_initial_epoch_refuses_naming_it(crashed: Job,
         assert "FaultTolerance(resume_dir=DIR)" in error
     assert [job.steps(rank) for rank in range(WORKERS)] == [[], []]  # nothing trained
     assert not os.path.exists(job.out / "final_0.npz")
+
+
+def test_ranks_on_disks_of_their_own_resume_the_same_step_each_reading_its_own_files(
+        own_disks: tuple[Job, list[tuple[int, int]]], reference: Job) -> None:
+    """Alone, rank 0 would resume the dump of step 14 and rank 1 the save of step 12 (the negative control: the
+    replicas would part); agreeing (one all-gather a round), both resume step 12 and end bit-identical to the
+    uninterrupted job."""
+    job, alone = own_disks
+    assert alone == [(2, 6), (2, 4)]
+    assert job.returncode == 0, job.stdout[-3000:]
+    for rank in range(WORKERS):
+        assert job.steps(rank) == list(range(13, STEPS + 1))
+        assert job.losses(rank) == {step: reference.losses(rank)[step] for step in range(13, STEPS + 1)}
+        assert_same_parameters(job.final(rank), reference.final(rank))
+    assert "intact here, but not on every rank" in job.log(0)
+    assert "rank_1" in job.log(1) and "skipped" in job.log(1)
