@@ -139,8 +139,9 @@ class _Examiner:
     def _file_problems(self, candidate: Candidate, files: dict[str, str]) -> tuple[list[str], list[str], list[str]]:
         """``(manifest problems, manifests not written, probe problems)`` of the candidate's own files; where
         the layout keeps verdicts, a recorded verdict (intact or damaged) that still matches the files stands for the
-        checks. A dying-gasp dump is checked deep (every archive member's CRC): it was committed before its data reached
-        the disk, and a node crash can bring a file back at its size with zeros where its head and tail are not."""
+        checks. A dying-gasp dump is checked deep (every archive member's CRC): it was committed before its data
+        reached the disk, and a node crash can bring a file back at its size with zeros where its head and tail are
+        not."""
         manifests = {manifest: manifest_or_problem(manifest) for manifest, _ in candidate.manifests}
         deep = self.deep or any(is_dump(found) for found in manifests.values())
         if not self.layout.keeps_verdicts:
