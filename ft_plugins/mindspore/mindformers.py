@@ -105,28 +105,40 @@ def choose(config: Any, feature: Resume) -> None:
 
     A file the user named (in ``resume_training``, or as the load path) is kept when intact. The one MindFormers'
     ``meta.json`` names is only its last regular save: a newer intact checkpoint, such as ``ttp``'s dump of the
-    last completed step (which ``meta.json`` never records), comes first."""
-    load, rank = _load_path(config), global_rank() or 0
+    last completed step (which ``meta.json`` never records), comes first. Under msrun every rank checks only its
+    own files and the ranks agree (:mod:`ft_plugins.checkpoint.agreed`): a named file is kept when intact on every
+    rank, else every rank takes the newest checkpoint intact on all."""
+    from ft_plugins.mindspore.agree import all_gather, own_directory
+    from ft_plugins.mindspore.recording import begin
+
+    load, rank, gather = _load_path(config), global_rank() or 0, all_gather()
+    root: str | None = None
+    named: str | None = None
+    from_meta = False
     if os.path.isdir(load):
         root = load
         named = os.path.join(load, f"rank_{rank}", config.resume_training) \
             if isinstance(config.resume_training, str) else None
         from_meta = named is not None and _meta_names(named)  # its folder's pick: meta.json's, or the user's name
     elif os.path.isfile(load):
-        root, named, from_meta = save_root(os.path.dirname(load)), load, False
-    else:
+        root, named = save_root(os.path.dirname(load)), load
+    elif gather is None:
         return  # MindFormers reports a missing path itself
-    from ft_plugins.mindspore.recording import begin
-
-    begin(root)  # before the choice, which the record holds
-    if named is not None and os.path.isfile(named) and not from_meta:
-        verdict = verify(named, deep=feature.settings["deep"])
-        if verdict.intact:
-            log.info("resume: MindFormers resumes from %s (step %s), its own pick, intact", named,
-                     recorded_step(named))
-            return
-        log.warning("resume: %s, MindFormers' pick, is not intact: %s", named, "; ".join(verdict.reasons))
-    selection = feature.choose(root, rank=rank)
+    if root is not None:
+        begin(root)  # before the choice, which the record holds
+    kept = named is not None and os.path.isfile(named) and not from_meta and _intact_pick(named, feature)
+    if gather is not None:  # every rank takes part, whatever it holds: the others wait for its word
+        kept = all(standing[0] for standing in gather((int(kept), 0, 0, 0)))
+    if kept:
+        log.info("resume: MindFormers resumes from %s (step %s), its own pick, intact%s", named, recorded_step(named),
+                 " on every rank" if gather is not None else "")
+        return
+    if gather is None:
+        selection = feature.choose(root, rank=rank)
+    else:
+        selection = feature.choose(own_directory(root, rank) if root is not None else load, gather=gather)
+        if root is None:
+            return  # this rank's path is missing: MindFormers reports it
     if selection.path is None:
         log.warning("resume: nothing intact to resume from in %s; MindFormers starts from scratch", root)
         config.resume_training = False
@@ -139,6 +151,13 @@ def choose(config: Any, feature: Resume) -> None:
              f", not {os.path.basename(named)}, which its meta.json names" if from_meta else "")
     config.resume_training = True
     _set_load_path(config, selection.path)
+
+
+def _intact_pick(named: str, feature: Resume) -> bool:
+    verdict = verify(named, deep=feature.settings["deep"])
+    if not verdict.intact:
+        log.warning("resume: %s, MindFormers' pick, is not intact: %s", named, "; ".join(verdict.reasons))
+    return verdict.intact
 
 
 def _meta_names(path: str) -> bool:

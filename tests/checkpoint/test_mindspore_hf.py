@@ -133,6 +133,8 @@ def test_mindformers_checkpoint_monitor_layout(mf_save: Path, tmp_path: Path, da
         [{"is_health": 0, "ckpt_name": "mf_rank_0-2_2.ckpt"}, {"is_health": 1, "ckpt_name": "mf_rank_0-2_4.ckpt"}]))
     selection = find_latest(save, "mindformers", rank=0)
     assert (selection.epoch, selection.step) == (2, 2) and "unhealthy" in selection.skipped[0].reason
+    alone = find_latest(save / "rank_0")  # one rank's folder alone, as each rank examines its own under msrun
+    assert alone.format == "mindformers" and (alone.epoch, alone.step) == (2, 2), alone
     damage.truncate(save / "rank_0/mf_rank_0-2_2.ckpt")
     selection = find_latest(save, rank=0)
     assert (selection.epoch, selection.step) == (1, 4) and len(selection.skipped) == 2

@@ -20,7 +20,8 @@ def detect(entries: list[os.DirEntry], format: str) -> Layout | None:
     names = {entry.name for entry in entries}
     has_iterations = any(MindFormersIterations.ITER.match(name) for name in names)
     ranks = MindSporeFiles.rank_dirs(entries)
-    has_meta = any(os.path.exists(os.path.join(path, "meta.json")) for path in ranks.values())
+    # MindFormers' CheckpointMonitor keeps a meta.json in each rank's folder: the folders, or one rank's folder
+    has_meta = "meta.json" in names or any(os.path.exists(os.path.join(path, "meta.json")) for path in ranks.values())
     if format == "megatron" or (format == "auto" and Megatron.matches(names)):
         return Megatron()
     if format == "mindformers" or (format == "auto" and (has_iterations or has_meta)):

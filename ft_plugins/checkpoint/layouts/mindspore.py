@@ -93,9 +93,14 @@ class MindSporeFiles(Layout):
         scan.candidates.sort(key=lambda c: c.key, reverse=True)
         return scan
 
-    @staticmethod
-    def _unhealthy(root: str) -> set[str]:
-        for directory in (root, os.path.dirname(os.path.abspath(root))):
+    @classmethod
+    def _unhealthy(cls, root: str) -> set[str]:
+        """The files MindFormers' ``health_ckpts.json`` marks unhealthy: beside the save directory's rank folders or
+        one level up (one rank's folder scanned alone: one level further)."""
+        up = os.path.dirname(os.path.abspath(root))
+        folders = (root, up, os.path.dirname(up)) if cls.RANK_DIR.match(os.path.basename(os.path.abspath(root))) \
+            else (root, up)
+        for directory in folders:
             path = os.path.join(directory, "health_ckpts.json")
             try:
                 records = read_json(path)
