@@ -357,6 +357,17 @@ def measure(root: Path, form: str, ranks: int, options: argparse.Namespace, old:
             for delay in (0, options.delay)), flush=True)
 
 
+def options_or_child(parser: argparse.ArgumentParser, child_main) -> argparse.Namespace | None:
+    """The parsed options; None once ``child_main(directory, delay_ms, what)`` ran for ``--child`` (a measured
+    child process of the benchmark)."""
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    options = parser.parse_args()
+    if not options.child:
+        return options
+    child_main(options.child[0], float(options.child[1]), options.child[2])
+    return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[1024, 10240])
@@ -368,10 +379,8 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=1.0, help="ms per metadata operation")
     parser.add_argument("--baseline-ref", help="also time the code of this git revision")
     parser.add_argument("--baseline-runs", type=int, default=1)
-    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
-    options = parser.parse_args()
-    if options.child:
-        child(options.child[0], float(options.child[1]), options.child[2])
+    options = options_or_child(parser, child)
+    if options is None:
         return
     with tempfile.TemporaryDirectory(prefix="ft_ckpt_scale_") as temporary:
         old = baseline_code(options.baseline_ref, Path(temporary, "old")) if options.baseline_ref else None

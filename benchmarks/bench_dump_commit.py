@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_ckpt_scale import slow_file_system  # noqa: E402
+from bench_ckpt_scale import options_or_child, slow_file_system  # noqa: E402
 
 ITERATION = 7
 
@@ -67,10 +67,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", type=int, nargs="+", default=[512, 1024, 10240])
     parser.add_argument("--delay", type=float, default=1.0, help="ms per metadata operation")
-    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
-    options = parser.parse_args()
-    if options.child:
-        child(options.child[0], float(options.child[1]), options.child[2])
+    options = options_or_child(parser, child)
+    if options is None:
         return
     for shards in options.shards:
         with tempfile.TemporaryDirectory(prefix="ft_dump_commit_") as temporary:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_ckpt_scale import ops_text, slow_file_system  # noqa: E402
+from bench_ckpt_scale import ops_text, options_or_child, slow_file_system  # noqa: E402
 
 STEPS_PER_EPOCH = 8
 
@@ -86,10 +86,8 @@ def main() -> None:
     parser.add_argument("--keep", type=int, default=3)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--delay", type=float, default=1.0, help="ms per metadata operation")
-    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
-    options = parser.parse_args()
-    if options.child:
-        child(options.child[0], float(options.child[1]), options.child[2])
+    options = options_or_child(parser, child)
+    if options is None:
         return
     os.environ.setdefault("FT_PLUGINS_LOG", "error")
     for ranks in options.ranks:
