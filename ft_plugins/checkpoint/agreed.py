@@ -35,7 +35,14 @@ def agreed_latest(search: Search | None, gather: Callable[[Standing], Sequence[S
         if all(standing[:3] == lowest for standing in offered):
             return selection
         if mine != lowest:
-            selection = search.next_intact(lowest, f"intact here, but not on every rank (they agree on {lowest})")
+            selection = search.next_intact(lowest, f"intact here, but not on every rank (they agree on "
+                                                   f"{_named(lowest)} or older)")
+
+
+def _named(place: tuple[int, ...]) -> str:
+    """A checkpoint's place as its layout counts it: the step it records, else its epoch and step."""
+    iteration, epoch, step = place
+    return f"step {iteration}" if iteration >= 0 else f"epoch {epoch}, step {step}"
 
 
 def _none_everywhere(selection: Selection, offered: list[tuple[int, ...]], where: str) -> Selection:
