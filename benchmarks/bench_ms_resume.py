@@ -59,14 +59,14 @@ def build(root: Path, ranks: int, keep: int) -> None:
 
 def child(root: str, delay_ms: float, what: str) -> None:
     from ft_plugins.checkpoint.select import Search, find_latest
-    from ft_plugins.mindspore.agree import own_directory
+    from ft_plugins.checkpoint.layouts.mindspore import own_folder
 
     counter = slow_file_system(delay_ms / 1000)
     start = time.perf_counter()
     if what == "before":
         chosen = find_latest(root, rank=0).path
     else:
-        chosen = Search(own_directory(root, 0)).next_intact().path
+        chosen = Search(own_folder(root, 0)).next_intact().path
     print(json.dumps({"seconds": time.perf_counter() - start, "ops": counter.counts, "chose": chosen}))
 
 

@@ -15,11 +15,11 @@ from typing import Callable, Sequence
 from ft_plugins.checkpoint.select import Search, Selection, Skipped, order
 
 Standing = tuple[int, int, int, int]  # the order of the checkpoint a rank offers (-1s: none), and 1 if it holds any
+Gather = Callable[[Standing], Sequence[Standing]]  # every rank's standing, in rank order, on every rank
 NONE = (-1, -1, -1)
 
 
-def agreed_latest(search: Search | None, gather: Callable[[Standing], Sequence[Standing]],
-                  where: str) -> Selection:
+def agreed_latest(search: Search | None, gather: Gather, where: str) -> Selection:
     """The newest checkpoint ``search`` (this rank's own files; None: this rank has none to offer, its directory
     missing or unreadable) holds intact that every rank holds intact; ``where`` names this rank's directory. When no
     step is intact on every rank, the Selection has no path and, where some rank holds checkpoints, says why."""

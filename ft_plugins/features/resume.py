@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
 
 from ft_plugins import events
 from ft_plugins.config import Option, parse_bool
@@ -23,6 +23,7 @@ from ft_plugins.features.base import Feature
 from ft_plugins.rank import is_rank_zero
 
 if TYPE_CHECKING:
+    from ft_plugins.checkpoint.agreed import Gather
     from ft_plugins.checkpoint.select import Selection
 
 log = logging.getLogger("ft_plugins.resume")
@@ -47,14 +48,14 @@ class Resume(Feature):
         return "no vendor runtime needed"
 
     def choose(self, directory: str, format: str = "auto", rank: int | None = None,
-               gather: Callable[[tuple[int, ...]], Sequence[tuple[int, ...]]] | None = None) -> Selection:
+               gather: Gather | None = None) -> Selection:
         """The checkpoint to resume from, logging every skipped one; raises NoIntactCheckpoint when
         checkpoints exist, none is intact and ``allow_scratch`` is off. Saves that never finished (a dying-gasp
         dump cut short) are not checkpoints: alone, they leave the job to start as it would without one.
 
-        ``gather`` (an all-gather over every rank): ``directory`` holds this rank's own files only, and the ranks
-        agree on the newest checkpoint intact on all of them (:mod:`ft_plugins.checkpoint.agreed`); every rank must
-        call it then, whatever its directory holds."""
+        ``gather`` (an all-gather over every rank): this rank examines only its own files (its ``rank_N`` of
+        ``directory``, where it has rank folders), and the ranks agree on the newest checkpoint intact on all of them
+        (:mod:`ft_plugins.checkpoint.agreed`); every rank must call it then, whatever its directory holds."""
         from ft_plugins.checkpoint.errors import NoIntactCheckpoint
         from ft_plugins.checkpoint.select import find_latest
 
@@ -62,7 +63,7 @@ class Resume(Feature):
         if gather is None:
             selection = find_latest(directory, format, rank=rank, deep=self.settings["deep"])
         else:
-            selection = self._agreed(directory, format, gather)
+            selection = self._agreed(directory, format, rank or 0, gather)
         checked = check_time(started)
         self.loaded = selection
         events.emit("resume", chosen=selection.path, skipped=[[s.path, s.reason] for s in selection.skipped])
@@ -92,13 +93,13 @@ class Resume(Feature):
                         directory, checked)
         return selection
 
-    def _agreed(self, directory: str, format: str, gather: Callable[[tuple[int, ...]], Sequence[tuple[int, ...]]]
-                ) -> Selection:
+    def _agreed(self, directory: str, format: str, rank: int, gather: Gather) -> Selection:
         from ft_plugins.checkpoint.agreed import agreed_latest
         from ft_plugins.checkpoint.errors import CheckpointError
+        from ft_plugins.checkpoint.layouts.mindspore import own_folder
         from ft_plugins.checkpoint.select import Search
 
-        search = None
+        directory, search = own_folder(directory, rank), None
         if os.path.isdir(directory):
             try:
                 search = Search(directory, format, deep=self.settings["deep"])

@@ -3,10 +3,10 @@ all-gather of a few integers (AllGather runs on every backend, CPU included, whe
 
 from __future__ import annotations
 
-import os
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Sequence
 
-Gather = Callable[[Sequence[int]], list[tuple[int, ...]]]
+if TYPE_CHECKING:
+    from ft_plugins.checkpoint.agreed import Gather
 
 
 def all_gather() -> Gather | None:
@@ -25,13 +25,3 @@ def all_gather() -> Gather | None:
         return [tuple(int(value) for value in row) for row in rows]
 
     return gather
-
-
-def own_directory(root: str, rank: int) -> str:
-    """Where this rank's own files are: ``rank_N`` of a save directory with rank folders, else the directory."""
-    try:
-        with os.scandir(root) as entries:
-            ranked = any(entry.name.startswith("rank_") and entry.is_dir() for entry in entries)
-    except OSError:  # absent or unreadable here: this rank offers nothing
-        return root
-    return os.path.join(root, f"rank_{rank}") if ranked else root

@@ -108,7 +108,7 @@ def choose(config: Any, feature: Resume) -> None:
     last completed step (which ``meta.json`` never records), comes first. Under msrun every rank checks only its
     own files and the ranks agree (:mod:`ft_plugins.checkpoint.agreed`): a named file is kept when intact on every
     rank, else every rank takes the newest checkpoint intact on all."""
-    from ft_plugins.mindspore.agree import all_gather, own_directory
+    from ft_plugins.mindspore.agree import all_gather
     from ft_plugins.mindspore.recording import begin
 
     load, rank, gather = _load_path(config), global_rank() or 0, all_gather()
@@ -133,12 +133,9 @@ def choose(config: Any, feature: Resume) -> None:
         log.info("resume: MindFormers resumes from %s (step %s), its own pick, intact%s", named, recorded_step(named),
                  " on every rank" if gather is not None else "")
         return
-    if gather is None:
-        selection = feature.choose(root, rank=rank)
-    else:
-        selection = feature.choose(own_directory(root, rank) if root is not None else load, gather=gather)
-        if root is None:
-            return  # this rank's path is missing: MindFormers reports it
+    selection = feature.choose(root if root is not None else load, rank=rank, gather=gather)
+    if root is None:
+        return  # this rank's path is missing (it took part in the agreement): MindFormers reports it
     if selection.path is None:
         log.warning("resume: nothing intact to resume from in %s; MindFormers starts from scratch", root)
         config.resume_training = False

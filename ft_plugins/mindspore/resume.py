@@ -145,9 +145,10 @@ class ResumeCallback(Callback):
     The choice is made at construction, on every rank, so that ``initial_epoch(steps_per_epoch, dataset)`` can
     tell ``Model.train`` where to start and the dataset what to skip: under a distributed launch each rank checks
     only its own files and the ranks agree on the newest checkpoint intact on all of them (an all-gather a round);
-    broken, truncated, uncommitted and ``_breakpoint`` checkpoints are skipped with the reason. Without ``directory`` nothing can be chosen
-    before training: ``initial_epoch`` refuses, and a train begin that finds a checkpoint in the run's
-    ``ModelCheckpoint`` directory stops with the fix, rather than train every epoch again on top of it.
+    broken, truncated, uncommitted and ``_breakpoint`` checkpoints are skipped with the reason. Without
+    ``directory`` nothing can be chosen before training: ``initial_epoch`` refuses, and a train begin that finds a
+    checkpoint in the run's ``ModelCheckpoint`` directory stops with the fix, rather than train every epoch again on
+    top of it.
     Inside MindFormers' trainer it never loads: MindFormers resumes itself (``resume_training``, guarded by
     :mod:`ft_plugins.mindspore.mindformers`) and counts steps and data from there; this only commits.
     """
@@ -173,18 +174,14 @@ class ResumeCallback(Callback):
         ``every_rank``: every rank makes this call, so each checks only its own files and the ranks agree on the
         newest intact on all (:mod:`ft_plugins.checkpoint.agreed`), the same step on every rank by construction."""
         from ft_plugins.checkpoint.errors import NoIntactCheckpoint
-        from ft_plugins.mindspore.agree import all_gather, own_directory
+        from ft_plugins.mindspore.agree import all_gather
 
         gather = all_gather() if every_rank else None
         if gather is None and not os.path.isdir(directory):
             log.info("resume: %s does not exist yet; starting from scratch", directory)
             return
         try:
-            if gather is None:
-                self.selection = self.resume.choose(directory, self.format, rank=global_rank())
-            else:
-                self.selection = self.resume.choose(own_directory(directory, global_rank() or 0), self.format,
-                                                    gather=gather)
+            self.selection = self.resume.choose(directory, self.format, rank=global_rank(), gather=gather)
         except NoIntactCheckpoint:
             raise
         except Exception as exc:  # never into training

@@ -200,7 +200,6 @@ def _agreed_on_own_disks(nodes: list[Path], allow_scratch: bool = False) -> list
     """Each rank's ``Resume.choose`` on its own disk (``nodes[rank]``: only its ``rank_N`` there), all at once, as
     ResumeCallback makes it under msrun; each answer a Selection, or the error it raised."""
     from ft_plugins.features.resume import Resume
-    from ft_plugins.mindspore.agree import own_directory
 
     exchange, answers = Exchange(len(nodes)), [None] * len(nodes)
 
@@ -209,7 +208,7 @@ def _agreed_on_own_disks(nodes: list[Path], allow_scratch: bool = False) -> list
                                "allow_scratch": allow_scratch})
         resume.start()
         try:
-            answers[rank] = resume.choose(own_directory(str(nodes[rank]), rank), gather=exchange.gather_for(rank))
+            answers[rank] = resume.choose(str(nodes[rank]), rank=rank, gather=exchange.gather_for(rank))
         except Exception as exc:  # noqa: BLE001 - the answer under test
             answers[rank] = exc
 

@@ -123,6 +123,16 @@ class MindSporeFiles(Layout):
         return files, problems
 
 
+def own_folder(root: str, rank: int) -> str:
+    """Where one rank's own files are: its ``rank_N`` in a save directory of rank folders, else the directory
+    itself (also where it is absent or unreadable here: it then offers nothing)."""
+    try:
+        entries = listdir(root)
+    except OSError:
+        return root
+    return os.path.join(root, f"rank_{rank}") if MindSporeFiles.rank_dirs(entries) else root
+
+
 _STEP_RECORD = re.compile(rb"\n\x08step_num\x12")
 _RECORD_TAIL = 4096
 

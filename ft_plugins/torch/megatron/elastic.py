@@ -23,9 +23,9 @@ forms :func:`.reshard.unreshardable` names (a size its instances do not divide f
 global batch (or megatron-core 0.19's evaluation batch) the smaller size does not divide follows Megatron's
 ``--decrease-batch-size-if-needed``: rounded down with it, refused at the fault without it; the sizes that keep it
 are said at the start. After a scale-in a node lost again is scaled in again; a worker lost on a node that stays is
-left to torchrun (the dump, and its restart): the ranks are numbered anew, torchrun's are not. Growing back is torchrun's
-restart when the lost node returns (the workers dump on SIGTERM and the job resumes at the full size: :class:`.regroup.Regroup` keeps the new
-workers' keys apart from the old ones'); not in place yet.
+left to torchrun (the dump, and its restart): the ranks are numbered anew, torchrun's are not. Growing back is
+torchrun's restart when the lost node returns (the workers dump on SIGTERM and the job resumes at the full size:
+:class:`.regroup.Regroup` keeps the new workers' keys apart from the old ones'); not in place yet.
 """
 
 from __future__ import annotations
