@@ -241,6 +241,11 @@ def test_ranks_on_their_own_disks_agree_on_the_newest_checkpoint_intact_on_every
     assert [s.path for s in answers] == [str(nodes[rank] / f"rank_{rank}" / "net-2_2.ckpt") for rank in (0, 1)]
     assert answers[0].skipped[0].reason == "intact here, but not on every rank (they agree on epoch 2, step 2 or older)"
     assert "field runs past the end" in answers[1].skipped[0].reason
+    shared = damage.copy(ms_save, tmp_path / "one_disk")  # one disk for all: each rank still reads only its rank_N
+    damage.truncate(shared / "rank_1" / "net-2_4.ckpt")
+    on_shared = _agreed_on_own_disks([shared, shared])
+    assert [s.path for s in on_shared] == [str(shared / f"rank_{rank}" / "net-2_2.ckpt") for rank in (0, 1)]
+    assert on_shared[0].skipped[0].reason == answers[0].skipped[0].reason  # not rank 1's damage: never read
     os.unlink(nodes[0] / "rank_0" / "net-2_2.ckpt")  # a hole on rank 0 too: the next step down on both
     assert [(s.epoch, s.step) for s in _agreed_on_own_disks(nodes)] == [(1, 4), (1, 4)]
 
