@@ -17,7 +17,8 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple
 from ft_plugins.checkpoint.atomic import atomic_file
 from ft_plugins.checkpoint.errors import ManifestError
 from ft_plugins.checkpoint.parallel import each
-from ft_plugins.checkpoint.reading import is_inside, open_descriptor, open_regular, read_at, read_json
+from ft_plugins.checkpoint.reading import (NotRegularFile, is_inside, open_descriptor, open_regular, read_at,
+                                          read_json)
 from ft_plugins.checkpoint.verdicts import VERDICT_FILE
 
 # the manifests' names, owned here: one per checkpoint directory, one per rank's file, one beside a lone file
@@ -49,16 +50,33 @@ def sample_digest(path: str, size: int, known_regular: bool = False) -> str:
     """A digest of the head and tail of a file of ``size`` bytes (bounded reads, none past ``size``: on a file of
     that size a read to its end never asks for the end-of-file; ``known_regular``: see
     :func:`.reading.open_descriptor`)."""
-    digest = hashlib.blake2b(digest_size=16)
     descriptor = open_descriptor(path, known_regular)
     try:
-        digest.update(read_at(descriptor, min(_HEAD, size), 0))
-        if size > _HEAD:
-            tail = max(_HEAD, size - _TAIL)
-            digest.update(read_at(descriptor, size - tail, tail))
+        return _sample(descriptor, size)
     finally:
         os.close(descriptor)
+
+
+def _sample(descriptor: int, size: int) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(read_at(descriptor, min(_HEAD, size), 0))
+    if size > _HEAD:
+        tail = max(_HEAD, size - _TAIL)
+        digest.update(read_at(descriptor, size - tail, tail))
     return digest.hexdigest()
+
+
+def _sized_sample(path: str) -> tuple[int, str]:
+    """A file's size and sample digest, as a commit records them: its open and one fstat (what it is and how long)
+    where a stat before the open made three metadata operations (a torch_dist save holds a file per rank)."""
+    descriptor = open_descriptor(path, known_regular=True)
+    try:
+        status = os.fstat(descriptor)
+        if not stat.S_ISREG(status.st_mode):
+            raise NotRegularFile(f"{path} is not a regular file")
+        return status.st_size, _sample(descriptor, status.st_size)
+    finally:
+        os.close(descriptor)
 
 
 def full_digest(path: str) -> str:
@@ -113,10 +131,10 @@ def write_manifest(checkpoint_dir: str, files: Iterable[str] | None = None, *, n
     def entry(rel: str) -> dict[str, Any]:
         path = os.path.join(base, rel)
         try:
-            size = os.path.getsize(path)
+            size, sample = _sized_sample(path)
         except OSError as exc:
             raise ManifestError(f"cannot commit {base}: {rel} is not readable ({exc})") from None
-        found: dict[str, Any] = {"size": size, "sample": sample_digest(path, size)}
+        found: dict[str, Any] = {"size": size, "sample": sample}
         if full:
             found["sha256"] = full_digest(path)
         return found

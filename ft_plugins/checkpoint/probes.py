@@ -17,7 +17,7 @@ import struct
 import zipfile
 from typing import IO, Callable
 
-from ft_plugins.checkpoint.distcp import distcp_metadata
+from ft_plugins.checkpoint.distcp import MetadataWalk, distcp_metadata
 from ft_plugins.checkpoint.reading import open_regular, read_json
 
 Probe = Callable[[str, bool], "str | None"]
@@ -208,10 +208,22 @@ BY_SUFFIX: dict[str, Probe] = {
 }
 
 
-def probe(path: str, deep: bool = False, stat_of: Callable[[str], os.stat_result] = os.stat) -> str | None:
+def _probe_of(path: str) -> Probe:
+    name = os.path.basename(path)
+    return BY_SUFFIX.get(os.path.splitext(name)[1] or name, present)
+
+
+def walked(path: str) -> bool:
+    """Whether the file's probe walks it (a DCP ``.metadata``): a check may begin that walk early
+    (:class:`.distcp.MetadataWalk`) and hand it to :func:`probe`."""
+    return _probe_of(path) is distcp_metadata
+
+
+def probe(path: str, deep: bool = False, stat_of: Callable[[str], os.stat_result] = os.stat,
+          walk: MetadataWalk | None = None) -> str | None:
     """Reason the file is not sound, or None: missing, not a regular file, empty, then the probe its
     suffix calls for. ``stat_of`` gives the kind and size of the file and of those it refers to (a check's
-    one stat of each)."""
+    one stat of each); ``walk``: the file's walk, begun already (:func:`walked`)."""
     try:
         status = stat_of(path)
     except FileNotFoundError:
@@ -222,9 +234,8 @@ def probe(path: str, deep: bool = False, stat_of: Callable[[str], os.stat_result
         return "not a regular file (a directory, device or FIFO)"
     if status.st_size == 0:
         return "empty (0 bytes)"
-    name = os.path.basename(path)
-    check = BY_SUFFIX.get(os.path.splitext(name)[1] or name, present)
+    check = _probe_of(path)
     try:
-        return distcp_metadata(path, deep, stat_of) if check is distcp_metadata else check(path, deep)
+        return distcp_metadata(path, deep, stat_of, walk) if check is distcp_metadata else check(path, deep)
     except OSError as exc:
         return f"unreadable: {exc.strerror or exc}"

@@ -11,18 +11,20 @@ grows with the candidates examined.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from ft_plugins.checkpoint.errors import CheckpointError
 from ft_plugins.checkpoint.layouts import FORMATS, Candidate, Layout, detect
 from ft_plugins.checkpoint.manifest import (content_problems, is_dump, listed_files, manifest_or_problem,
                                             size_problems)
 from ft_plugins.checkpoint.parallel import each, side_by_side
-from ft_plugins.checkpoint.probes import probe
-from ft_plugins.checkpoint.verdicts import Snapshot, recall, record
+from ft_plugins.checkpoint.distcp import MetadataWalk
+from ft_plugins.checkpoint.probes import probe, walked
+from ft_plugins.checkpoint.verdicts import Snapshot, recall, record, recorded
 
 _COMMITTED_LOOKBACK = 3
 
@@ -147,24 +149,29 @@ class _Examiner:
         if not self.layout.keeps_verdicts:
             return self._checked(candidate, files, manifests, os.stat, deep)
         snapshot = Snapshot(candidate.path, (manifest for manifest, _ in candidate.manifests))
-        snapshot.add([*files.values(), *(path for manifest, base in candidate.manifests
-                                         for path in listed_files(manifests[manifest], base))])
-        recalled = recall(snapshot, deep)
-        if recalled is not None:
-            return recalled.manifest, [_whose(candidate, base) + os.path.basename(manifest)
-                                       for manifest, base in candidate.manifests if manifests[manifest] is None], \
-                recalled.probes
-        found = self._checked(candidate, files, manifests, snapshot.stat, deep)
+        verdict = recorded(candidate.path)
+        with _walks_begun(snapshot, files.values() if verdict is None else ()) as walks:
+            snapshot.add([*files.values(), *(path for manifest, base in candidate.manifests
+                                             for path in listed_files(manifests[manifest], base))])
+            recalled = recall(snapshot, deep, verdict)
+            if recalled is not None:
+                return recalled.manifest, [_whose(candidate, base) + os.path.basename(manifest)
+                                           for manifest, base in candidate.manifests if manifests[manifest] is None], \
+                    recalled.probes
+            found = self._checked(candidate, files, manifests, snapshot.stat, deep, walks)
         record(snapshot, deep, found[0], found[2])
         return found
 
     def _checked(self, candidate: Candidate, files: dict[str, str], manifests: dict[str, dict[str, Any] | str | None],
-                 stat_of: Callable[[str], os.stat_result], deep: bool) -> tuple[list[str], list[str], list[str]]:
+                 stat_of: Callable[[str], os.stat_result], deep: bool,
+                 walks: Mapping[str, MetadataWalk] = {}) -> tuple[list[str], list[str], list[str]]:  # noqa: B006
         """The full check: each manifest compared with the files' stats, then, unless that found damage, their
         content (read side by side with the probes of every file); once damage is found, only the damaged
-        files are probed: a damaged newest costs its stats. Kinds and sizes by ``stat_of``."""
+        files are probed: a damaged newest costs its stats. Kinds and sizes by ``stat_of``; ``walks``: those of
+        ``.metadata`` files begun already."""
         sized = {manifest: size_problems(manifests[manifest], base, stat_of) for manifest, base in candidate.manifests}
-        probed = lambda chosen: each(lambda path: probe(path, deep, stat_of), chosen.values())  # noqa: E731
+        probed = lambda chosen: each(lambda path: probe(path, deep, stat_of, walks.get(path)),  # noqa: E731
+                                     chosen.values())
         read = lambda: {manifest: content_problems(sized[manifest], base, deep)  # noqa: E731
                         for manifest, base in candidate.manifests if sized[manifest]}
         if any(found and found.problems for found in sized.values()):
@@ -186,6 +193,20 @@ class _Examiner:
                 manifest_found += [f"{whose}{problem}" for problem in (*sized[manifest].problems,
                                                                        *contents.get(manifest, ()))]
         return manifest_found, uncommitted, [f"{role}: {reason}" for role, reason in zip(files, reasons) if reason]
+
+
+@contextlib.contextmanager
+def _walks_begun(snapshot: Snapshot, paths: Iterable[str]) -> Iterator[dict[str, MetadataWalk]]:
+    """The walks of the ``.metadata`` files among ``paths`` begun now, each after its stat (the snapshot's, taken
+    before the file is read), so that they run beside the stats and reads of the rest of the check; a walk that
+    no probe finished is ended on exit."""
+    walks: dict[str, MetadataWalk] = {}
+    with contextlib.ExitStack() as stack:
+        for path in filter(walked, paths):
+            snapshot.add([path])
+            with contextlib.suppress(OSError):  # its probe says why it cannot be read
+                walks[path] = stack.enter_context(MetadataWalk(path))
+        yield walks
 
 
 def _whose(candidate: Candidate, base: str) -> str:

@@ -20,7 +20,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from ft_plugins.checkpoint.atomic import atomic_file
 from ft_plugins.checkpoint.parallel import each
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 
 class Snapshot:
-    """One stat of every file a check covers, taken side by side before any of them is read. The check
+    """One stat of every file a check covers, each taken before the file is read, side by side. The check
     takes kinds and sizes from it and the verdict fingerprints it, so the verdict is of exactly the states
     the check saw: a file changed after its stat no longer matches it, and one changed before was read as
     it is now (changes within one tick of the file system's clock stay unseen, as they would by any stat)."""
@@ -100,26 +100,35 @@ class Recalled:
         return not self.manifest and not self.probes
 
 
-def recall(snapshot: Snapshot, deep: bool) -> Recalled | None:
-    """The snapshot's directory's verdict of this version, for exactly these files in exactly their present state,
-    where it serves a check this deep (intact: its check was as deep; damaged: its check was no deeper); else None."""
+def recorded(directory: str) -> dict[str, Any] | None:
+    """The directory's verdict of this version, as written, unless it cannot be read or is of another shape. Read
+    before the check stats the files: none recorded, the check can begin its slow parts at once."""
     try:
-        recorded = read_json(os.path.join(snapshot.directory, VERDICT_FILE), _LIMIT)
+        found = read_json(os.path.join(directory, VERDICT_FILE), _LIMIT)
     except (OSError, ValueError):
         return None
-    if not (isinstance(recorded, dict) and recorded.get("version") == VERSION
-            and isinstance(recorded.get("fingerprint"), str) and isinstance(recorded.get("deep"), bool)):
+    if not (isinstance(found, dict) and found.get("version") == VERSION
+            and isinstance(found.get("fingerprint"), str) and isinstance(found.get("deep"), bool)):
         return None
-    damage = [recorded.get(name, []) for name in ("manifest", "probes", "beyond")]
-    if not all(isinstance(found, list) and all(isinstance(item, str) for item in found) for found in damage):
+    damage = [found.get(name, []) for name in ("manifest", "probes", "beyond")]
+    if not all(isinstance(listed, list) and all(isinstance(item, str) for item in listed) for listed in damage):
         return None
-    verdict = Recalled(damage[0], damage[1])
-    if recorded["deep"] != deep and (recorded["deep"] is False) == verdict.intact:
+    return found
+
+
+def recall(snapshot: Snapshot, deep: bool, verdict: dict[str, Any] | None) -> Recalled | None:
+    """The ``verdict`` (:func:`recorded`) of the snapshot's directory, for exactly these files in exactly their
+    present state, where it serves a check this deep (intact: its check was as deep; damaged: its check was no
+    deeper); else None."""
+    if verdict is None:
         return None
-    beyond = [os.path.join(snapshot.directory, name) for name in damage[2]
+    found = Recalled(verdict.get("manifest", []), verdict.get("probes", []))
+    if verdict["deep"] != deep and (verdict["deep"] is False) == found.intact:
+        return None
+    beyond = [os.path.join(snapshot.directory, name) for name in verdict.get("beyond", [])
               if not os.path.isabs(name) and ".." not in name.split("/")]
     snapshot.add(beyond)
-    return verdict if recorded["fingerprint"] == snapshot.fingerprint() else None
+    return found if verdict["fingerprint"] == snapshot.fingerprint() else None
 
 
 def record(snapshot: Snapshot, deep: bool, manifest: Sequence[str] = (), probes: Sequence[str] = ()) -> None:

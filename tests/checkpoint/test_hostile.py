@@ -292,6 +292,16 @@ def test_a_metadata_memo_index_beyond_its_size_is_refused_before_unpickling(apar
     assert "memo index 100000000000 beyond the pickle's" in reasons["PUT 10**11"], reasons
 
 
+def test_a_metadata_walk_apart_is_bounded_in_memory_by_the_system(tmp_path: Path) -> None:
+    """In a process of its own the walk's memory is bounded by the system, not by a pass over the opcodes: a
+    pickle that builds far more for its size than an honest .metadata (an empty dict for each of its 12 MB, 90
+    bytes of memory each: a gigabyte) is refused by that bound instead of granted."""
+    (tmp_path / "__0_0.distcp").write_bytes(b"\0")
+    (tmp_path / ".metadata").write_bytes(b"\x80\x04" + b"}" * (12 << 20) + b".")
+    assert probe(str(tmp_path / ".metadata")) == ("pickle opcodes broken: ValueError: reading it takes more memory "
+                                                 "than 48 bytes for each of its bytes")
+
+
 def _records(*states: bytes) -> bytes:
     """A protocol 2 pickle of a list of DCP shard records (``_StorageInfo``), each built with the given state."""
     record = b"cdcp.filesystem\n_StorageInfo\n)\x81%sb"

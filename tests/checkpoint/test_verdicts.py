@@ -19,6 +19,7 @@ import torch
 
 from ft_plugins.checkpoint import commit, find_latest
 from ft_plugins.checkpoint import select as select_module
+from ft_plugins.checkpoint.distcp import MetadataWalk
 from ft_plugins.checkpoint.verdicts import VERDICT_FILE
 from ft_plugins.checkpoint.errors import NoIntactCheckpoint
 from ft_plugins.features.resume import Resume
@@ -63,9 +64,10 @@ def probes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     probed: list[str] = []
     real = select_module.probe
 
-    def counted(path: str, deep: bool = False, stat_of: Callable[[str], os.stat_result] = os.stat) -> str | None:
+    def counted(path: str, deep: bool = False, stat_of: Callable[[str], os.stat_result] = os.stat,
+                walk: MetadataWalk | None = None) -> str | None:
         probed.append(path)
-        return real(path, deep, stat_of)
+        return real(path, deep, stat_of, walk)
 
     monkeypatch.setattr(select_module, "probe", counted)
     return probed
@@ -401,3 +403,53 @@ def test_a_save_never_judged_has_its_content_compared_while_its_files_are_probed
         overlapped.append(probing.wait(timeout=0 if overlapped else 10)), digest(*args, **kwargs))[1])
     assert find_latest(save).path == str(save / "iter_0000004")
     assert overlapped and all(overlapped), overlapped
+
+
+def test_a_metadata_walk_begins_before_the_other_files_are_stat_ed_and_ends_with_the_check(
+        tmp_path: Path, probes: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A save never judged: the walk of its ``.metadata`` (in a process of its own; a second or more of CPU at
+    10,000 ranks) begins right after that file's stat and before the stats of every other file, so that it runs
+    beside them. Where a verdict is recorded, none begins. A walk no probe finished (the newest refused on its
+    stats) is ended with the check, its process gone."""
+    import signal
+    import subprocess
+
+    from ft_plugins.checkpoint import distcp
+
+    for iteration in (2, 4):
+        _save(tmp_path, iteration, dist=True)
+    events: list[tuple[str, str]] = []
+    children: list[subprocess.Popen] = []
+    stalled: list[bool] = []  # the next walk begun answers never
+    stat, walk_apart = os.stat, distcp._walk_apart
+
+    def walking(descriptor: int, size: int) -> subprocess.Popen | None:
+        events.append(("walk", ""))
+        children.append(walk_apart(descriptor, size) if not stalled else subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.PIPE))
+        stalled.clear()
+        return children[-1]
+
+    monkeypatch.setattr(distcp, "_APART", 0)
+    monkeypatch.setattr(distcp, "_walk_apart", walking)
+    monkeypatch.setattr(os, "stat", lambda path, *args, **kwargs: (
+        events.append(("stat", os.path.relpath(path, tmp_path))), stat(path, *args, **kwargs))[1])
+    assert find_latest(tmp_path).path == str(tmp_path / "iter_0000004")
+    newest = [kind if kind == "walk" else path for kind, path in events
+              if kind == "walk" or path.startswith("iter_0000004/") and "ft_" not in path]
+    assert newest[:2] == ["iter_0000004/.metadata", "walk"] and len(newest) > 3, newest
+    assert str(tmp_path / "iter_0000004" / ".metadata") in probes
+
+    events.clear()
+    assert find_latest(tmp_path).path == str(tmp_path / "iter_0000004")
+    assert ("walk", "") not in events, events  # its verdict, recorded by the check above, stands
+
+    (tmp_path / "iter_0000004" / VERDICT_FILE).unlink()
+    truncated = _data_file(tmp_path / "iter_0000004")
+    truncated.write_bytes(truncated.read_bytes()[:-1])
+    probes.clear()
+    children.clear()
+    stalled.append(True)
+    assert find_latest(tmp_path).path == str(tmp_path / "iter_0000002")
+    assert str(tmp_path / "iter_0000004" / ".metadata") not in probes and len(children) == 2
+    assert [child.returncode for child in children] == [-signal.SIGKILL, 0]

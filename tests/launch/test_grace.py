@@ -20,6 +20,7 @@ import pytest
 from support import PYTHON, TORCHRUN, free_port
 
 from ft_plugins import grace
+from ft_plugins.checkpoint import write_manifest
 from ft_plugins.launch import doctor, k8s, shutdown
 
 GB = 10**9
@@ -77,6 +78,13 @@ def test_the_largest_writer_of_a_checkpoint(tmp_path: Path) -> None:
     assert grace.largest_writer(str(tmp_path / "torch")) == 700
     assert grace.largest_writer(str(tmp_path / "dist")) == 900
     assert grace.largest_writer(str(tmp_path / "missing")) == 0
+    # committed, the sizes its manifest records count, not the files' (here grown since): one read, no stat each
+    for save, grown in (("torch", "mp_rank_00/model_optim_rng.pt"), ("dist", "__0_0.distcp")):
+        write_manifest(tmp_path / save)
+        with open(tmp_path / save / grown, "ab") as handle:
+            handle.write(b"x" * 1000)
+    assert grace.largest_writer(str(tmp_path / "torch")) == 700
+    assert grace.largest_writer(str(tmp_path / "dist")) == 900
 
 
 @pytest.mark.parametrize("count, unit, said", [(251, "B", "251 B"), (50_300, "B", "50.3 kB"), (3.4e6, "B", "3.4 MB"),
