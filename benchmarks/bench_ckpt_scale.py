@@ -253,11 +253,13 @@ def child(directory: str, delay_ms: float, what: str) -> None:
     if what == "tracker":
         chosen = str(read_tracker(directory).value)
     elif what == "commit":  # what follows each save: its commit's manifest, and the largest writer's bytes (grace)
-        from ft_plugins.checkpoint.manifest import MANIFEST, write_manifest
+        from ft_plugins.checkpoint.manifest import write_manifest
         from ft_plugins.grace import largest_writer
 
         newest = os.path.join(directory, f"iter_{read_tracker(directory).value:07d}")
-        chosen = write_manifest(newest, name=MANIFEST + ".bench")  # beside the save's own, read by nothing
+        # the newest's own manifest, as resume writes it (the checks of every scenario ran before), whose sizes the
+        # grace then reads, as it does after resume's commit
+        chosen = write_manifest(newest)
         largest_writer(newest)
     else:
         chosen = find_latest(directory).path
