@@ -17,12 +17,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
+from ft_plugins.checkpoint.distcp import MetadataWalk
 from ft_plugins.checkpoint.errors import CheckpointError
 from ft_plugins.checkpoint.layouts import FORMATS, Candidate, Layout, detect
 from ft_plugins.checkpoint.manifest import (content_problems, is_dump, listed_files, manifest_or_problem,
                                             size_problems)
 from ft_plugins.checkpoint.parallel import each, side_by_side
-from ft_plugins.checkpoint.distcp import MetadataWalk
 from ft_plugins.checkpoint.probes import probe, walked
 from ft_plugins.checkpoint.verdicts import Snapshot, recall, record, recorded
 
