@@ -250,16 +250,16 @@ class MetadataWalk:
         self._handle = open_regular(path)
         self._child: subprocess.Popen[bytes] | None = None
         try:
-            self.size = self._handle.seek(0, os.SEEK_END)
+            size = self._handle.seek(0, os.SEEK_END)
             self._handle.seek(0)
             head = self._handle.read(2)
             self._handle.seek(-1, os.SEEK_END)
             tail = self._handle.read(1)
             self.found = (("pickle framing broken (truncated)" if head[:1] != b"\x80" or tail != b"." else None)
-                          or (f"{self.size} bytes: implausibly large for checkpoint metadata"
-                              if self.size > _METADATA_LIMIT else None))  # what refuses the file unwalked
-            if self.found is None and self.size >= _APART:
-                self._child = _walk_apart(self._handle.fileno(), self.size)
+                          or (f"{size} bytes: implausibly large for checkpoint metadata"
+                              if size > _METADATA_LIMIT else None))  # what refuses the file unwalked
+            if self.found is None and size >= _APART:
+                self._child = _walk_apart(self._handle.fileno(), size)
         except BaseException:
             self.close()
             raise
