@@ -21,6 +21,7 @@ NODE_LOST = "firing injected fault"  # what the stuck rank says once it stands s
 # without which a matrix product sums in another order
 THREADS = {"OMP_NUM_THREADS": "1"}
 STARTED = 2.0  # seconds the first agent gets to bind the store before the second starts
+STACKS = 3.0  # seconds a hung job's processes get to write their stacks once aborted
 
 
 @dataclass
@@ -70,9 +71,12 @@ def run_agents(workdir: Path, script: Sequence[str], nodes: int = 2, per_node: i
     deadline, back = time.monotonic() + timeout, not rejoin
     try:
         while any(agent.poll() is None for agent in agents):
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline:  # every process's stacks first (faulthandler), then the logs
+                for agent in agents:
+                    abort_descendants(agent.pid)
+                time.sleep(STACKS)
                 raise AssertionError(f"still running after {timeout:.0f} s:\n"
-                                     + "\n".join(log.read_text()[-6000:] for log in logs))
+                                     + "\n".join(log.read_text()[-12000:] for log in logs))
             for node in sorted(pending):
                 if NODE_LOST in logs[node].read_text():
                     power_off(agents[node].pid)
