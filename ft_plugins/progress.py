@@ -8,10 +8,16 @@ reads the files on its own monitoring round and times the changes itself, so no 
 At :func:`start` the worker also registers ``faulthandler`` on ``SIGUSR2`` to write the Python stacks of all
 its threads to ``<dir>/<rank>.stacks``: the C handler runs even while the main thread is blocked in a driver
 call or a collective, so a launcher can ask a hung rank where it stands.
+
+The file also counts, per process group, the collectives the rank entered (:func:`entered`). Every member of a
+group enters the same collectives on it in the same order, so a rank that entered more than a peer waits for that
+peer, wherever its main thread stands: on NCCL or HCCL a collective returns at once and its rank blocks later, at a
+host sync, outside any collective's frame. The counts start again where the groups are built again (a repair).
 """
 
 from __future__ import annotations
 
+import array
 import faulthandler
 import logging
 import mmap
@@ -19,9 +25,10 @@ import os
 import signal
 import struct
 import threading
+import zlib
 from contextlib import contextmanager
 from collections import namedtuple
-from typing import IO, Iterator, Mapping
+from typing import IO, Iterator, Mapping, Sequence
 
 from ft_plugins.config import PROGRESS_VAR
 from ft_plugins.features.hangs import (BETWEEN, DATA, DUMP, END, EVAL, RECOVERY, SAVE, SECTIONS,  # noqa: F401
@@ -33,6 +40,9 @@ STACKS_SIGNAL = signal.SIGUSR2
 _HEAD = struct.Struct("<iQ")  # pid, the main thread's ident (names it in a faulthandler dump)
 _BODY = struct.Struct("<QqqB")  # reports so far, step, steps begun in this process, section
 _SIZE = _HEAD.size + _BODY.size
+# per process group the rank entered collectives on: its key (the CRC-32 of its ranks; 0: a free slot), how many
+_GROUP = struct.Struct("<IQ")
+GROUP_SLOTS = 16  # groups counted per rank (Megatron's rank has fewer): one past them is not counted
 
 
 # collections' namedtuple, not typing.NamedTuple: that compiles each field's annotation when the class is made
@@ -57,13 +67,16 @@ class Reporter:
 
     def __init__(self, directory: str, rank: int) -> None:
         path = os.path.join(directory, str(rank))
+        size = _SIZE + GROUP_SLOTS * _GROUP.size
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            os.ftruncate(fd, _SIZE)
-            self._map = mmap.mmap(fd, _SIZE)
+            os.ftruncate(fd, 0)  # a previous process's counts gone
+            os.ftruncate(fd, size)
+            self._map = mmap.mmap(fd, size)
         finally:
             os.close(fd)
         self.seq, self.step, self.begun, self.section = 0, 0, 0, SETUP
+        self._entered: dict[int, list[int]] = {}  # group key -> [its slot's offset, collectives entered]
         _HEAD.pack_into(self._map, 0, os.getpid(), threading.main_thread().ident or 0)
         self.report(SETUP)
         self._stacks: IO[str] = open(stacks_path(directory, rank), "a")  # kept open: faulthandler writes to its fd
@@ -78,6 +91,19 @@ class Reporter:
             self.step = step
         self.section = section
         _BODY.pack_into(self._map, _HEAD.size, self.seq, self.step, self.begun, section)
+        if section == RECOVERY and self._entered:  # the groups are built again: every rank counts from there
+            self._map[_SIZE:] = bytes(GROUP_SLOTS * _GROUP.size)
+            self._entered.clear()
+
+    def entered(self, key: int) -> None:
+        """One more collective entered on the group ``key``."""
+        slot = self._entered.get(key)
+        if slot is None:
+            if len(self._entered) == GROUP_SLOTS:
+                return
+            slot = self._entered[key] = [_SIZE + len(self._entered) * _GROUP.size, 0]
+        slot[1] += 1
+        _GROUP.pack_into(self._map, slot[0], key, slot[1])
 
 
 _reporter: Reporter | None = None
@@ -119,6 +145,18 @@ def within(section: int) -> Iterator[None]:
         _reporter.report(before)
 
 
+def entered(key: int) -> None:
+    """Count one more collective this rank entered on the process group ``key`` (:func:`group_key`); nothing where
+    no launcher watches."""
+    if _reporter is not None:
+        _reporter.entered(key)
+
+
+def group_key(ranks: Sequence[int]) -> int:
+    """A process group's key, the same on each of its members: the CRC-32 of its global ranks (never 0)."""
+    return zlib.crc32(array.array("q", ranks).tobytes()) or 1
+
+
 def stacks_path(directory: str, rank: int) -> str:
     return os.path.join(directory, f"{rank}.stacks")
 
@@ -133,3 +171,17 @@ def read(directory: str, rank: int) -> Record | None:
     if len(first) != _SIZE or first != second:
         return None
     return Record(*_HEAD.unpack_from(first), *_BODY.unpack_from(first, _HEAD.size))
+
+
+def collectives(directory: str, rank: int) -> dict[int, int]:
+    """How many collectives a rank entered, per process group key (empty: none counted, or nothing readable)."""
+    size = GROUP_SLOTS * _GROUP.size
+    try:
+        with open(os.path.join(directory, str(rank)), "rb") as file:
+            first, second = os.pread(file.fileno(), size, _SIZE), os.pread(file.fileno(), size, _SIZE)
+    except OSError:
+        return {}
+    if len(first) != size or first != second:
+        return {}
+    slots = (_GROUP.unpack_from(first, index * _GROUP.size) for index in range(GROUP_SLOTS))
+    return {key: count for key, count in slots if key}

@@ -2,7 +2,8 @@
 
 When one rank hangs, its peers soon stop too: they wait for it inside a collective. So "who stopped" is not
 "who hung". Once a rank is past its bound, every rank quiet for half its own bound is asked for its stacks;
-a rank whose main thread waits in a collective is a victim, one that does not is a culprit. One culprit among
+a rank whose main thread waits in a collective, or that entered more collectives on a group than a peer in it
+(:func:`ahead`), is a victim; one that does neither is a culprit. One culprit among
 victims (or among ranks still moving) is a hang: end the culprit, the job goes on as after a death. Victims of a
 rank still within its own bound (a long save) wait with it. Every rank
 stalled alike (all waiting, or none waiting: a file system or a store that stopped answering), or a second hang
@@ -113,6 +114,19 @@ def waits_on_peers(frames: Sequence[str]) -> bool:
     no culprit left, the job dumps and restarts as a whole)."""
     return bool(frames) and (any(site in frames[0] for site in WAIT_SITES)
                              or any(site in frame for frame in frames for site in MINDSPORE_STEP_SITES))
+
+
+def ahead(entered: Mapping[int, Mapping[int, int]]) -> set[int]:
+    """The ranks that entered more collectives on a process group than a peer in it (``entered``: rank -> group key
+    -> collectives; :func:`ft_plugins.progress.collectives`): each waits for that peer, wherever its main thread
+    stands (on NCCL or HCCL a collective returns at once and its rank blocks later, outside any collective's frame).
+    Groups counted by one rank alone here (peers on other nodes) tell nothing."""
+    counts: dict[int, dict[int, int]] = {}
+    for rank, groups in entered.items():
+        for key, count in groups.items():
+            counts.setdefault(key, {})[rank] = count
+    return {rank for members in counts.values() if len(members) > 1
+            for rank, count in members.items() if count > min(members.values())}
 
 
 def judge(stopped: Sequence[int], moving: Sequence[int], waiting: Mapping[int, bool], repeated: bool,

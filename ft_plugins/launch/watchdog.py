@@ -27,7 +27,8 @@ from ft_plugins import events, progress
 from ft_plugins.config import PROGRESS_VAR
 from ft_plugins.features.hangs import Bounds
 from ft_plugins.launch.process import wait_gone
-from ft_plugins.launch.stalls import ALL, HANG, Verdict, Watch, judge, main_frames, overdue, stuck, waits_on_peers
+from ft_plugins.launch.stalls import (ALL, HANG, Verdict, Watch, ahead, judge, main_frames, overdue, stuck,
+                                     waits_on_peers)
 
 log = logging.getLogger("ft_plugins.hangs")
 
@@ -91,7 +92,10 @@ class Watchdog:
         stopped = stuck(self.watches, now, self.bounds)
         moving = [rank for rank, watch in self.watches.items() if watch.reporting and rank not in stopped]
         stacks = self.stacks(stopped)
-        waiting = {rank: waits_on_peers(main_frames(stacks.get(rank, ""), self.watches[rank].record.thread))
+        counted = ahead({rank: progress.collectives(self.directory, rank)
+                         for rank, watch in self.watches.items() if watch.reporting})
+        waiting = {rank: rank in counted or waits_on_peers(main_frames(stacks.get(rank, ""),
+                                                                      self.watches[rank].record.thread))
                    for rank in stopped}
         furthest = max(watch.record.step for watch in self.watches.values() if watch.record is not None)
         patient = all(self.watches[rank].quiet(now) < 2 * self.watches[rank].bound(self.bounds) for rank in late)
@@ -99,7 +103,7 @@ class Watchdog:
                         patient)
         if verdict.kind == HANG:
             self.answered = furthest
-            self._end(verdict, stacks, procs, now)
+            self._end(verdict, stacks, procs, now, counted)
         elif verdict.kind == ALL:
             self._all_stalled(verdict, stopped, stacks, now, remote)
         else:
@@ -136,8 +140,10 @@ class Watchdog:
             self._read_to[rank] = start + len(text.encode())
         return text
 
-    def _end(self, verdict: Verdict, stacks: Mapping[int, str], procs: Mapping[int, Any], now: float) -> None:
-        """Log each culprit with its stacks, SIGTERM, SIGKILL after the grace; the others start their bound anew."""
+    def _end(self, verdict: Verdict, stacks: Mapping[int, str], procs: Mapping[int, Any], now: float,
+             counted: set[int]) -> None:
+        """Log each culprit with its stacks, SIGTERM, SIGKILL after the grace; the others start their bound anew
+        (``counted``: the ranks ahead of a peer in a group's collectives)."""
         for rank in verdict.culprits:
             watch = self.watches[rank]
             events.emit("fault", rank=rank, kind="hang", quiet=watch.quiet(now), section=watch.where(),
@@ -147,8 +153,11 @@ class Watchdog:
                       "stacks:\n%s", rank, watch.pid, watch.quiet(now), watch.where(), watch.bound(self.bounds),
                       self.grace, min(self.grace, ANSWER_WAIT), stacks.get(rank, "").rstrip() or "(none written)")
         if verdict.victims:
-            log.warning("hangs: rank%s %s wait%s for it in a collective", "s" if len(verdict.victims) > 1 else "",
-                        ", ".join(map(str, verdict.victims)), "" if len(verdict.victims) > 1 else "s")
+            ahead_of = [rank for rank in verdict.victims if rank in counted]
+            log.warning("hangs: rank%s %s wait%s for it in a collective%s", "s" if len(verdict.victims) > 1 else "",
+                        ", ".join(map(str, verdict.victims)), "" if len(verdict.victims) > 1 else "s",
+                        f" (ahead of a peer in a process group's collectives: {', '.join(map(str, ahead_of))})"
+                        if ahead_of else "")
         stop([procs[rank] for rank in verdict.culprits], self.grace,
              answering(self.directory, {procs[rank].pid: rank for rank in verdict.culprits}))
         restart = time.monotonic()

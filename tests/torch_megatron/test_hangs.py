@@ -79,8 +79,10 @@ def test_a_hang_with_recover_replaces_the_rank_in_place_and_ends_bit_identical(r
 def test_the_hung_rank_s_stacks_are_in_the_log(recovered: Job) -> None:
     after = recovered.output.split(_hung_lines(recovered)[0], 1)[1]
     assert "Its stacks:" in _hung_lines(recovered)[0]
-    stacks = after.split("hangs: rank 0 waits", 1)[0]
+    stacks, victim = after.split("hangs: rank 0 waits", 1)
     assert STACK in stacks and "ft_plugins/torch/megatron/drill.py" in stacks and "in train_step" in stacks
+    # rank 1 stood still before its step's gradient reduction, which rank 0 entered: Megatron's collectives counted
+    assert victim.splitlines()[0] == " for it in a collective (ahead of a peer in a process group's collectives: 0)"
 
 
 def test_a_save_slower_than_the_step_bound_is_no_hang(recovered: Job) -> None:

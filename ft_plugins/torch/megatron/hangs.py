@@ -3,7 +3,8 @@
 ``train_step`` is a step (its iteration, then "between steps" once it returned; the wait for each batch from
 its data iterator is data loading), ``save_checkpoint`` a save, ``evaluate`` an evaluation, and what follows
 ``train`` (final evaluation and save, exit) the end, each with its own bound at the launcher. ``ttp``'s dump
-and ``recover``'s repair report their own sections from the core. Where no launcher watches (no
+and ``recover``'s repair report their own sections from the core; torch's collectives are counted
+(:mod:`ft_plugins.torch.collective_counts`). Where no launcher watches (no
 ``ft-plugins run -- torchrun``), rank 0 says so once and nothing is reported.
 """
 
@@ -17,6 +18,7 @@ import wrapt
 from ft_plugins import progress
 from ft_plugins.patching import Patch
 from ft_plugins.rank import env_rank, is_rank_zero
+from ft_plugins.torch.collective_counts import CollectiveCounts
 from ft_plugins.torch.megatron.state import CHECKPOINTING, MINDSPEED_LLM_TRAINING, TRAINING, current_iteration
 
 log = logging.getLogger("ft_plugins.hangs")
@@ -36,7 +38,8 @@ class MegatronProgress:
     def patches(self) -> tuple[Patch, ...]:
         if not self.watched:
             return ()
-        return (Patch(TRAINING, "train", self.train),
+        return (*CollectiveCounts().patches(),
+                Patch(TRAINING, "train", self.train),
                 Patch(MINDSPEED_LLM_TRAINING, "train", self.train, required=False),
                 Patch(TRAINING, "train_step", self.train_step),
                 Patch(MINDSPEED_LLM_TRAINING, "train_step", self.train_step, required=False),
