@@ -116,17 +116,23 @@ def waits_on_peers(frames: Sequence[str]) -> bool:
                              or any(site in frame for frame in frames for site in MINDSPORE_STEP_SITES))
 
 
-def ahead(entered: Mapping[int, Mapping[int, int]]) -> set[int]:
+def ahead(entered: Mapping[int, Mapping[int, int]], elsewhere: Mapping[int, int] | None = None) -> set[int]:
     """The ranks that entered more collectives on a process group than a peer in it (``entered``: rank -> group key
-    -> collectives; :func:`ft_plugins.progress.collectives`): each waits for that peer, wherever its main thread
-    stands (on NCCL or HCCL a collective returns at once and its rank blocks later, outside any collective's frame).
-    Groups counted by one rank alone here (peers on other nodes) tell nothing."""
-    counts: dict[int, dict[int, int]] = {}
-    for rank, groups in entered.items():
+    -> collectives; :func:`ft_plugins.progress.collectives`; ``elsewhere``: group key -> the fewest a rank of
+    another node entered, :mod:`.node_counts`): each waits for that peer, wherever its main thread stands (on NCCL
+    or HCCL a collective returns at once and its rank blocks later, outside any collective's frame). A group
+    counted by one rank alone, and by no rank elsewhere, tells nothing."""
+    least = fewest(entered, elsewhere)
+    return {rank for rank, groups in entered.items() if any(count > least[key] for key, count in groups.items())}
+
+
+def fewest(entered: Mapping[int, Mapping[int, int]], elsewhere: Mapping[int, int] | None = None) -> dict[int, int]:
+    """Per group key, the fewest collectives one of these ranks (or one elsewhere) entered."""
+    least = dict(elsewhere or {})
+    for groups in entered.values():
         for key, count in groups.items():
-            counts.setdefault(key, {})[rank] = count
-    return {rank for members in counts.values() if len(members) > 1
-            for rank, count in members.items() if count > min(members.values())}
+            least[key] = min(count, least.get(key, count))
+    return least
 
 
 def judge(stopped: Sequence[int], moving: Sequence[int], waiting: Mapping[int, bool], repeated: bool,

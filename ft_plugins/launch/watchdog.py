@@ -27,7 +27,8 @@ from ft_plugins import events, progress
 from ft_plugins.config import PROGRESS_VAR
 from ft_plugins.features.hangs import Bounds
 from ft_plugins.launch.process import wait_gone
-from ft_plugins.launch.stalls import (ALL, HANG, Verdict, Watch, ahead, judge, main_frames, overdue, stuck,
+from ft_plugins.launch.node_counts import NodeCounts
+from ft_plugins.launch.stalls import (ALL, HANG, Verdict, Watch, ahead, fewest, judge, main_frames, overdue, stuck,
                                      waits_on_peers)
 
 log = logging.getLogger("ft_plugins.hangs")
@@ -52,6 +53,7 @@ class Watchdog:
         self._read_to: dict[int, int] = {}  # global rank -> how far its stacks file was read
         self._calm_until = 0.0  # after a wait verdict, the ranks are asked again only this late
         self._said = ""  # the last wait verdict said
+        self.nodes: NodeCounts | None = None  # the other nodes' launchers (torchrun with ranks elsewhere)
 
     def install(self) -> None:
         """Wrap the agent's monitoring round (imported here: this runs in the torchrun process only)."""
@@ -69,13 +71,23 @@ class Watchdog:
             try:
                 ranks = {worker.local_rank: worker.global_rank for worker in worker_group.workers}
                 procs = {ranks[local]: handler.proc for local, handler in context.subprocess_handlers.items()}
-                verdict = self.look(procs, worker_group.workers[0].world_size > len(procs), time.monotonic())
+                remote = worker_group.workers[0].world_size > len(procs)
+                self._nodes(worker_group if remote else None)
+                verdict = self.look(procs, remote, time.monotonic())
             except Exception as exc:  # never into torchrun's loop: a watchdog that fails leaves the job as it was
                 log.warning("hangs: progress not read this round (%s: %s)", type(exc).__name__, exc)
                 verdict = None
             if verdict is not None and verdict.kind == ALL:
                 return _failed(worker_group, context)
         return wrapped(*args, **kwargs)
+
+    def _nodes(self, worker_group: Any) -> None:
+        """The other nodes' launchers, through this rendezvous round's store (None: this node alone)."""
+        store = getattr(worker_group, "store", None)
+        if store is None:
+            self.nodes = None
+        elif self.nodes is None or self.nodes.store is not store:
+            self.nodes = NodeCounts(store, worker_group.group_rank, worker_group.group_world_size)
 
     def look(self, procs: Mapping[int, Any], remote: bool, now: float) -> Verdict | None:
         """Read the report of every local worker (``procs``: global rank -> its ``Popen``); act on a hang
@@ -86,14 +98,14 @@ class Watchdog:
             self.watches[rank].observe(progress.read(self.directory, rank), now, self.bounds)
         for rank in set(self.watches) - set(procs):
             del self.watches[rank]
+        stopped = stuck(self.watches, now, self.bounds)
+        entered = self._entered(stopped)
         late = overdue(self.watches, now, self.bounds)
         if not late or now < self._calm_until:
             return None
-        stopped = stuck(self.watches, now, self.bounds)
         moving = [rank for rank, watch in self.watches.items() if watch.reporting and rank not in stopped]
         stacks = self.stacks(stopped)
-        counted = ahead({rank: progress.collectives(self.directory, rank)
-                         for rank, watch in self.watches.items() if watch.reporting})
+        counted = ahead(entered, self.nodes.elsewhere() if self.nodes is not None else None)
         waiting = {rank: rank in counted or waits_on_peers(main_frames(stacks.get(rank, ""),
                                                                       self.watches[rank].record.thread))
                    for rank in stopped}
@@ -113,6 +125,19 @@ class Watchdog:
                          ", ".join(map(str, sorted(late))), "their" if len(late) > 1 else "its", verdict.why)
             self._said = verdict.why
         return verdict
+
+    def _entered(self, stopped: list[int]) -> dict[int, dict[int, int]]:
+        """The collectives each reporting rank entered, per group, while some stand still (told to the other
+        nodes); nothing read otherwise."""
+        if not stopped:
+            if self.nodes is not None:
+                self.nodes.withdraw()
+            return {}
+        entered = {rank: progress.collectives(self.directory, rank)
+                   for rank, watch in self.watches.items() if watch.reporting}
+        if self.nodes is not None:
+            self.nodes.publish(fewest(entered))
+        return entered
 
     def stacks(self, ranks: list[int]) -> dict[int, str]:
         """The stacks each rank writes when asked (SIGUSR2), as far as written within ``STACKS_WAIT``."""

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ft_plugins import progress
-from ft_plugins.launch import watchdog
+from ft_plugins.launch import node_counts, watchdog
 from ft_plugins.launch.stalls import HANG, ahead, judge, main_frames, waits_on_peers
 from ft_plugins.features.hangs import Hangs
 from support import free_port
@@ -74,6 +74,30 @@ def test_a_worker_counts_per_group_into_its_file_and_a_repair_counts_anew(tmp_pa
     expected = {5: 2, 9: 1, **{key: 1 for key in range(100, 100 + progress.GROUP_SLOTS - 2)}}  # slots full: no more
     assert eval(before) == expected and eval(after) == {9: 1}, result.stderr
     assert progress.collectives(str(tmp_path), 2) == {}
+
+
+def test_a_rank_ahead_of_a_rank_elsewhere_waits_for_it() -> None:
+    world = progress.group_key([0, 1, 2, 3])
+    assert ahead({0: {world: 5}, 1: {world: 5}}) == set()  # alike here: nothing told
+    assert ahead({0: {world: 5}, 1: {world: 5}}, {world: 4}) == {0, 1}  # a rank of another node entered fewer
+    assert ahead({0: {world: 5}, 1: {world: 5}}, {world: 5}) == set()
+
+
+def test_a_node_publishes_while_its_ranks_stand_still_and_fresh_entries_alone_count(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    here, there = node_counts.NodeCounts(store, 0, 2), node_counts.NodeCounts(store, 1, 2)
+    assert here.elsewhere() == {}  # no entry yet: nothing waited for
+    there.publish({7: 4, 9: 1})
+    there.publish({7: 5})  # within a second of the last: not written again
+    assert here.elsewhere() == {7: 4, 9: 1} and there.elsewhere() == {}  # its own entry is not read
+    there.withdraw()
+    assert here.elsewhere() == {}
+    there.publish({7: 6})
+    monkeypatch.setattr(node_counts, "FRESH", -1.0)  # every entry stale: a launcher gone long ago
+    assert here.elsewhere() == {}
 
 
 @pytest.fixture(scope="module")
