@@ -55,4 +55,3 @@ class NodeCounts:
             for group, count in entry["fewest"].items():
                 fewest[int(group)] = min(count, fewest.get(int(group), count))
         return fewest
-

@@ -28,20 +28,21 @@ class CollectiveCounts:
         self._keys: dict[Any, int] = {}  # group -> its key (a destroyed group's entry is a few bytes)
 
     def patches(self) -> tuple[Patch, ...]:
-        return tuple(Patch(DISTRIBUTED, name, self._counting(name), required=False) for name in COLLECTIVES)
+        return tuple(Patch(DISTRIBUTED, name, self._counting(), required=False) for name in COLLECTIVES)
 
-    def _counting(self, name: str) -> Callable[..., Any]:
-        """The wrapper of ``name``; the position of its ``group`` argument is read from the function itself once
-        torch is imported."""
+    def _counting(self) -> Callable[..., Any]:
+        """A collective's wrapper; the position of its ``group`` argument is read from the function itself at its
+        first call (-1: it takes none, and is not counted)."""
         position: list[int] = []
 
         def counted(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
             if not position:
-                position.append(list(inspect.signature(wrapped).parameters).index("group"))
-            group = kwargs.get("group", args[position[0]] if len(args) > position[0] else None)
-            key = self._key(group)
-            if key:
-                progress.entered(key)
+                names = list(inspect.signature(wrapped).parameters)
+                position.append(names.index("group") if "group" in names else -1)
+            if position[0] >= 0:
+                key = self._key(kwargs.get("group", args[position[0]] if len(args) > position[0] else None))
+                if key:
+                    progress.entered(key)
             return wrapped(*args, **kwargs)
 
         return counted

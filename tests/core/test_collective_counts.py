@@ -76,6 +76,13 @@ def test_a_worker_counts_per_group_into_its_file_and_a_repair_counts_anew(tmp_pa
     assert progress.collectives(str(tmp_path), 2) == {}
 
 
+def test_a_collective_without_a_group_argument_runs_uncounted() -> None:
+    from ft_plugins.torch.collective_counts import CollectiveCounts
+
+    wrapper = CollectiveCounts().patches()[0].wrapper
+    assert wrapper(lambda tensor, op=None: tensor * 2, None, (3,), {}) == 6  # a release that renamed it: not counted
+
+
 def test_a_rank_ahead_of_a_rank_elsewhere_waits_for_it() -> None:
     world = progress.group_key([0, 1, 2, 3])
     assert ahead({0: {world: 5}, 1: {world: 5}}) == set()  # alike here: nothing told
