@@ -20,7 +20,7 @@ FAST=(
   tests/launch/test_k8s.py tests/launch/test_k8s_fuzz.py tests/launch/test_doctor.py tests/launch/test_manager_env.py
   tests/launch/test_spares.py tests/launch/test_replacement_logs.py tests/launch/test_capture_race.py
   tests/patch/test_codemod.py tests/patch/test_patch_engine.py
-  tests/patch/test_patch_revert_safety.py tests/torch_plugin/test_saving.py
+  tests/patch/test_patch_revert_safety.py tests/torch_plugin/test_saving.py tests/torch_plugin/test_backend_note.py
 )
 NEWEST=(
   tests/hf/test_transformers_5.py tests/hf/test_transformers_5_first.py tests/hf/test_transformers_oldest.py

@@ -78,7 +78,7 @@ class MegatronIntegration:
 
             glue = MegatronTtp(ttp, runtime.config.strict)
             self._recover(glue)  # inside ttp's step hook: a recovered step never reaches ttp's dump
-            self._add("ttp", *glue.patches())
+            self._add("ttp", *glue.patches(), *_backend_note(glue.engine, runtime.running(Recover) is not None))
         if runtime.running(Hangs) is not None:  # last, so outermost: a step reported before a drill fires in it
             from ft_plugins.torch.megatron.hangs import MegatronProgress
 
@@ -201,3 +201,12 @@ def _elastic_needs_recover(wrapped: Callable[..., Any], instance: Any, args: tup
     on_rank_zero(log.warning, "elastic: Megatron's scale-in works on top of recover, which is off: a lost rank takes "
                  "ttp's dump (FT_PLUGINS=ttp,recover,elastic)")
     return wrapped(*args, **kwargs)
+
+
+def _backend_note(engine: str | None, recovering: bool) -> tuple[Patch, ...]:
+    """The default group's backend said where the built-in engine (and ``recover`` on it) relies on its errors."""
+    if engine != "builtin":
+        return ()
+    from ft_plugins.torch.backend import BackendNote
+
+    return BackendNote("ttp's built-in engine" + (" and recover" if recovering else "")).patches()
