@@ -36,7 +36,7 @@ LONGEST_FIRST = (
     "torch_megatron/test_pipeline_recover.py",
     "torch_megatron/test_mixed_precision_recover.py", "torch_megatron/test_replicated_dump.py",
     "torch_megatron/test_torch_dist.py", "torch_megatron/test_rampup_recover.py", "torch_megatron/test_moe_recover.py",
-    "hf/test_transformers_5.py", "hf/test_transformers_5_first.py",
+    "hf/test_transformers_5.py",
     "checkpoint/test_megatron.py",
     "mindspore/test_msrun.py", "mindspore/test_mindspore_newer.py", "mindspore/test_mindformers_releases.py",
     "mindspore/test_mindformers_hang.py", "mindspore/test_msrun_nodes.py",

@@ -23,10 +23,7 @@ MEGATRON_EXAMPLE = REPO / "examples" / "megatron_gpt" / "pretrain_gpt.py"
 NEWER_MEGATRON = Path(sys.prefix) / "megatron-core-0.19"
 TRAINED_ON_0_19 = f"{NEWER_MEGATRON.name}{os.sep}megatron{os.sep}"  # in the warnings of each job that imports it
 OLDEST_MEGATRON = Path(sys.prefix) / "megatron-core-0.8"  # megatron/core only
-# the newest transformers (scripts/requirements-transformers-5.txt), or the side directory the child pytest of
-# tests/hf/test_transformers_5_first.py names (the first 5.x release, scripts/requirements-transformers-5.0.txt)
-NEWER_TRANSFORMERS = Path(os.environ.get("FT_TEST_TRANSFORMERS_5_DIR") or Path(sys.prefix) / "transformers-5")
-FIRST_TRANSFORMERS_5 = Path(sys.prefix) / "transformers-5.0"
+NEWER_TRANSFORMERS = Path(sys.prefix) / "transformers-5"  # the newest transformers (scripts/requirements-transformers-5.txt)
 OLDEST_TRANSFORMERS = Path(sys.prefix) / "transformers-4.40"  # scripts/requirements-transformers-4.40.txt
 NEWER_MINDSPORE = Path(sys.prefix) / "mindspore-2.10"
 NEWER_MINDFORMERS = Path(sys.prefix) / "mindformers-1.9"  # with MindSpore 2.9.0, the release it asks for

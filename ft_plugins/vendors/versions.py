@@ -60,7 +60,7 @@ SUPPORTED = (
     Framework("torch", TORCH, "2.13", ("2.13.0",), "PyTorch jobs"),
     Framework("megatron-core", MEGATRON_CORE, "0.19", ("0.8.0", "0.12.1", "0.17.1", "0.19.2"),
               "Megatron / MindSpeed-LLM hooks (megatron.training)"),
-    Framework("transformers", TRANSFORMERS, "5", ("4.40.2", "4.57.1", "5.0.0", "5.24.0"), "Hugging Face Trainer hooks"),
+    Framework("transformers", TRANSFORMERS, "5", ("4.40.2", "4.57.1", "5.24.0"), "Hugging Face Trainer hooks"),
     Framework("accelerate", ACCELERATE, "1", ("1.15.0",), "Accelerate hooks"),
     Framework("mindspore", MINDSPORE, "2.10", ("2.7.2", "2.9.0", "2.10.0"), "MindSpore jobs (TTP, link failover)"),
     Framework("mindformers", MINDFORMERS, "1.9", ("1.6.0", "1.8.0", "1.9.0"), "MindFormers callbacks and resume guard"),

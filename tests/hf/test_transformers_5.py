@@ -26,8 +26,8 @@ from ft_plugins.checkpoint.manifest import MANIFEST
 NEWEST = {"PYTHONPATH": path_first(NEWER_TRANSFORMERS)}
 ARGS = ("--steps", "10", "--save-steps", "2", "--limit", "2")
 TIMED = Path(__file__).resolve().parent / "fixtures" / "timed_train.py"  # the example with its steps' times
-# each side directory's release: its version, Trainer._rotate_checkpoints there, trainer_utils.rotate_checkpoints there
-ROTATION = {"transformers-5": ("5.24.0", "False", "True"), "transformers-5.0": ("5.0.0", "True", "False")}
+# the newest release: its version, Trainer._rotate_checkpoints there, trainer_utils.rotate_checkpoints there
+ROTATION = ("5.24.0", "False", "True")
 
 
 def _on_newest(job: Job) -> None:
@@ -51,8 +51,7 @@ def test_the_jobs_run_a_5x_release_that_rotates_outside_the_trainer() -> None:
                            env={**os.environ, **NEWEST})
     assert found.returncode == 0, found.stderr[-2000:]
     version, method, function = found.stdout.split()
-    # the first 5.x release still rotates in the Trainer; the newest rotates in trainer_utils
-    assert ROTATION[NEWER_TRANSFORMERS.name] == (version, method, function), found.stdout
+    assert ROTATION == (version, method, function), found.stdout  # the newest rotates in trainer_utils
 
 
 def test_rotation_commits_first_and_keeps_the_limit(reference: Job) -> None:

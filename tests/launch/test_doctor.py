@@ -11,8 +11,20 @@ import pytest
 from launch_support import Vendors
 from support import FAKES, PYTHON
 
-from ft_plugins.launch import doctor
+from ft_plugins.launch import doctor, installation
 from ft_plugins.vendors import taskd
+
+
+@pytest.fixture(scope="module")
+def swept() -> installation.Imports:
+    """One real import of every module of the package, in a fresh interpreter (each framework imported: some 20 s
+    of CPU), shared by this module's checks; ``test_install_check.py`` tests the sweep itself."""
+    return installation.import_every_module()
+
+
+@pytest.fixture(autouse=True)
+def _one_sweep(swept: installation.Imports, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(installation, "import_every_module", lambda: swept)
 
 
 def _by_name(env: dict[str, str]) -> dict[str, doctor.Check]:

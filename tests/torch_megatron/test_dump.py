@@ -375,3 +375,38 @@ def test_the_megatron_dump_serves_the_formats_whose_load_reads_a_torch_format_di
     from ft_plugins.torch.megatron.dump import unsupported
 
     assert unsupported(SimpleNamespace(**{"ckpt_format": "torch", **given})) == refusal
+
+
+def test_a_survivor_whose_groups_are_being_built_again_writes_nothing_and_says_why(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A fault met while ``recover`` rebuilds this rank's groups (Megatron's parallel state torn down, in part or
+    whole): the rank cannot name its shard, and a survivor whose groups stand writes them. Seen in a 4-rank run
+    as "dump failed: AssertionError: expert model parallel group is not initialized"."""
+    from types import SimpleNamespace
+
+    from ft_plugins.steps import FORWARD, Frozen
+    from ft_plugins.torch.megatron import dump
+    from ft_plugins.torch.megatron.regroup import Regroup
+
+    def torn_down(*_: object) -> None:
+        raise AssertionError("expert model parallel group is not initialized")
+
+    monkeypatch.setattr(dump, "megatron", lambda name: SimpleNamespace())
+    monkeypatch.setattr(dump, "megatron_args", lambda: SimpleNamespace(save=str(tmp_path),
+                                                                      use_distributed_optimizer=False))
+    monkeypatch.setattr(dump, "_shards", torn_down)
+    writer = dump.MegatronDump(SimpleNamespace(settings={"save_dir": None}))
+    step = dump.MegatronStep(None, None, None, 8, 4, 2, None)
+    frozen = Frozen(FORWARD, 2, False, step, False)
+    monkeypatch.setattr(Regroup, "_unbuilt", True)
+    with caplog.at_level("WARNING", logger="ft_plugins.ttp"):
+        writer.save("lost peer", frozen)
+    assert [r.getMessage() for r in caplog.records] == [
+        "ttp: lost peer: rank 0 writes nothing: its process groups are being built again (recover); a survivor "
+        "whose groups stand writes the shards"]
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(Regroup, "_unbuilt", False)  # the negative control: the groups stand, the same fault fails
+    caplog.clear()
+    writer.save("lost peer", frozen)
+    assert [r.getMessage() for r in caplog.records] == [
+        "ttp: dump failed: AssertionError: expert model parallel group is not initialized"]

@@ -19,9 +19,9 @@ The refs, each over a megatron-core wheel:
 
 For each: ``ttp`` (a rank killed after 3 steps, the survivor's dump committed and bit for bit the uninterrupted
 run's save of step 3, a plain ``--load`` relaunch going on from it to a final save bit for bit the uninterrupted
-run's), ``resume`` (the newest save truncated: skipped, the one before loaded, the end bit for bit the same),
-``recover`` (a rank killed after 2 steps, replaced in place, the final save the uninterrupted run's) and, where the
-release has the distributed optimizer's instances, ``recover`` with ``replicas`` (4 ranks, DP=4,
+run's); on core_v0.19.0 also ``resume`` (the newest save truncated: skipped, the one before loaded, the end bit for
+bit the same) and ``recover`` (a rank killed after 2 steps, replaced in place, the final save the uninterrupted
+run's); and, where the release has the distributed optimizer's instances, ``recover`` with ``replicas`` (4 ranks, DP=4,
 ``--use-distributed-optimizer``, ``distrib_optim.pt`` compared whole).
 """
 
@@ -171,6 +171,11 @@ def ref(request: pytest.FixtureRequest) -> Ref:
     return ref
 
 
+# resume and recover run on the newest ref only: on the older ones ttp's dump and the plain load relaunch show the
+# hooks work with that release's training loop and checkpoints (the CI's lanes fit their time)
+NEWEST_REF_ONLY = pytest.mark.parametrize("ref", ["core_v0.19.0"], indirect=True)
+
+
 @pytest.fixture(scope="module")
 def reference(ref: Ref, tmp_path_factory: pytest.TempPathFactory) -> Job:
     """The uninterrupted run, without ft_plugins (plain torchrun), saving every step."""
@@ -207,6 +212,7 @@ def test_a_plain_load_relaunch_from_the_dump_ends_bit_identical(ref: Ref, dumped
                            rng=False) == [[]]
 
 
+@NEWEST_REF_ONLY
 def test_resume_skips_a_truncated_newest_save_and_ends_bit_identical(ref: Ref, reference: Job,
                                                                     tmp_path_factory: pytest.TempPathFactory) -> None:
     """The uninterrupted run's saves of steps 2 and 4, the tracker at 4, step 4's file cut short (a save killed
@@ -228,6 +234,7 @@ def test_resume_skips_a_truncated_newest_save_and_ends_bit_identical(ref: Ref, r
                            rng=False) == [[]]
 
 
+@NEWEST_REF_ONLY
 def test_recover_replaces_a_killed_rank_in_place_and_ends_bit_identical(
         ref: Ref, reference: Job, tmp_path_factory: pytest.TempPathFactory) -> None:
     recovered = ref.run(tmp_path_factory.mktemp(f"{ref.name}_recovered"), "--save-interval", "100",

@@ -75,3 +75,28 @@ def test_other_connections_do_not_ask_for_a_full_collection(collections: list[An
     with kept, peer:
         regroup._release({"socket:[1]"})  # a connection of the dead groups, closed already
         assert collections == [1]
+
+
+def test_the_groups_count_as_being_rebuilt_from_their_destruction_until_a_build_succeeds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dump in another thread asks this (it names its shard from Megatron's parallel state); a build that failed
+    leaves the groups unbuilt."""
+    rebuilt = regroup.Regroup()
+    seen: list[tuple[str, bool]] = []
+    outcome = iter((None, RuntimeError("a peer never came")))
+
+    def build(*_: Any) -> None:
+        seen.append(("build", regroup.Regroup.rebuilding()))
+        if error := next(outcome):
+            raise error
+
+    monkeypatch.setattr(regroup.Regroup, "_unbuilt", False)  # restored after the test
+    monkeypatch.setattr(regroup, "named_groups", dict)
+    monkeypatch.setattr(rebuilt, "_destroy", lambda: seen.append(("destroy", regroup.Regroup.rebuilding())))
+    monkeypatch.setattr(rebuilt, "_build", build)
+    assert not regroup.Regroup.rebuilding()
+    assert rebuilt.join(0, 1, None, ()) == []
+    assert seen == [("destroy", True), ("build", True)] and not regroup.Regroup.rebuilding()
+    with pytest.raises(RuntimeError, match="a peer never came"):
+        rebuilt.join(0, 1, None, ())
+    assert regroup.Regroup.rebuilding()

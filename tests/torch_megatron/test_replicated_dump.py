@@ -33,6 +33,8 @@ from report_check import check_faults
 from ttp_runs import (ITERS, Job, Launch, committed_dump, resumed_to_the_end, run_supervised, run_with_mindio,
                       same_as_reference)
 
+pytestmark = pytest.mark.newest_megatron  # on megatron-core 0.19 only: the newest lane's suite
+
 DISTRIBUTED = Launch(4, ("--use-distributed-optimizer", "--micro-batch-size", "1", "--global-batch-size", "8"))
 FAR = ("--save-interval", "100")
 TTP = {"FT_PLUGINS": "ttp,resume"}  # replicas: auto, 2 with DP=4

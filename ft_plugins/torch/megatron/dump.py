@@ -32,7 +32,7 @@ from ft_plugins.features.ttp import Ttp
 from ft_plugins.rank import global_rank
 from ft_plugins.steps import FORWARD, UPDATED, Frozen
 from ft_plugins.torch import saving
-from ft_plugins.torch.megatron.regroup import real_twins
+from ft_plugins.torch.megatron.regroup import Regroup, real_twins
 from ft_plugins.torch.megatron.state import (RESUMES_TORCH_FORMAT, megatron, megatron_args, rng_state, saved_state,
                                              sharded_optimizers)
 from ft_plugins.torch.store import agreed, claim, counted
@@ -186,6 +186,10 @@ class MegatronDump:
             log.debug("ttp: %s: iteration %d is saved already; nothing to dump", reason, iteration)
             return
         rank = global_rank() or 0
+        if Regroup.rebuilding():
+            log.warning("ttp: %s: rank %d writes nothing: its process groups are being built again (recover); a "
+                        "survivor whose groups stand writes the shards", reason, rank)
+            return
         shard, shards = _shards(checkpointing, save_dir, iteration)
         writes: dict[str, Callable[[str], None]] = {}
         if parsed.use_distributed_optimizer:

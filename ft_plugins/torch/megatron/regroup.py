@@ -73,6 +73,8 @@ def named_groups() -> dict[str, Any]:
 class Regroup:
     """Records how Megatron built its groups, and builds them again (holding, or joined)."""
 
+    _unbuilt = False  # this process's groups are destroyed and not built again yet (one regroup at a time)
+
     def __init__(self) -> None:
         self.layout: tuple[tuple, dict] | None = None  # initialize_model_parallel's arguments
         self.backend = "gloo"
@@ -138,6 +140,12 @@ class Regroup:
 
         return dist.is_initialized() and dist.get_backend() == "fake"
 
+    @staticmethod
+    def rebuilding() -> bool:
+        """Whether this process's groups are torn down and not built again yet (a dump in another thread can
+        then name no shard of its own: Megatron's parallel state is partly or not at all there)."""
+        return Regroup._unbuilt
+
     def _rebuild(self, rank: int, world: int, backend: str, store: Any, roots: Iterable[Any]) -> list[str]:
         """Destroy every group (bounded), build them again on ``backend`` and point ``roots`` at the new
         ones; returns where a dead group without a successor is still held (empty when complete). No
@@ -148,8 +156,10 @@ class Regroup:
         real = not self.holding()
         old = named_groups()
         links = self.sockets
+        Regroup._unbuilt = True
         self._destroy()
         self._build(rank, world, backend, store)
+        Regroup._unbuilt = False  # a build that failed leaves the groups unbuilt
         current = named_groups()
         successors = {id(group): current[name] for name, group in old.items() if name in current}
         stale = repoint(roots, successors, {id(group) for group in current.values()})
