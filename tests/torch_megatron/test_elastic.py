@@ -511,5 +511,3 @@ def test_a_size_that_does_not_divide_the_batch_rounds_it_down_as_megatrons_own_r
     assert differences(nodes.job.iteration(ITERS) / model, resumed.iteration(ITERS) / model) == []
     evaluated, reference = _validation(nodes.job), _validation(resumed)
     assert len(reference) == 3 and evaluated == reference, (evaluated, reference)
-
-
