@@ -79,9 +79,9 @@ install_beside() {
     echo "installed $* in $side: $((SECONDS - started)) s"
   fi
 }
-# The newest transformers and the first of the 5.x line beside the pinned 4.57: the Trainer tests of the 5.x line
-# (tests/hf/test_transformers_5.py) run against each; and the oldest supported, which the Trainer tests of the 4.x
-# line run against (tests/hf/test_transformers_oldest.py).
+# The newest transformers beside the pinned 4.57, which the Trainer tests of the 5.x line run against
+# (tests/hf/test_transformers_5.py); and the oldest supported, which the Trainer tests of the 4.x line run against
+# (tests/hf/test_transformers_oldest.py).
 for requirements in scripts/requirements-transformers-5.txt scripts/requirements-transformers-4.40.txt; do
   side="$VENV/$(basename "$requirements" .txt)"
   install_beside "${side/requirements-/}" -r "$requirements"
