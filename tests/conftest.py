@@ -21,7 +21,8 @@ pytest_plugins = ("skips_fail_in_ci",)
 # module-scoped runs made once too.
 SHARING = {
     "megatron-4-ranks": ("torch_megatron/test_recover.py", "torch_megatron/test_mindio_recover.py",
-                         "torch_megatron/test_model_parallel.py", "torch_megatron/test_hangs_4_ranks.py"),
+                         "torch_megatron/test_model_parallel.py", "torch_megatron/test_hangs_4_ranks.py",
+                         "torch_megatron/test_blocking_backend.py"),
     "megatron-2-ranks": ("torch_megatron/test_builtin_engine.py", "torch_megatron/test_mindio_engine.py",
                          "torch_megatron/test_auto_restart.py", "torch_megatron/test_one_decision.py",
                          "torch_megatron/test_recover_flags.py", "torch_megatron/test_hangs.py",

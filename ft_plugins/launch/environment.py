@@ -29,6 +29,9 @@ FRESH_STORE_VAR = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 STATIC_RESTARTS = ("torchrun restarts workers over its static rendezvous, where restarted workers read the "
                    "dead workers' Gloo addresses and often fail (`connectFullMesh failed`) or hang: launch with "
                    "--standalone (one node) or --rdzv-backend c10d --rdzv-endpoint HOST:PORT")
+# torch's watchdog on an NCCL error or timeout: 3 (its default) ends the process, 2 aborts the communicators only,
+# which the survivor's waiting collective then raises, as recover needs (what torch asks of its abort API too)
+NCCL_ERRORS_VAR, NCCL_ERRORS_FOR_RECOVER = "TORCH_NCCL_ASYNC_ERROR_HANDLING", "2"
 _PYTHON = re.compile(r"python[0-9.]*")
 _BLOCKING_FLAGS = {"I": "-I (isolated mode) ignores PYTHONPATH", "E": "-E ignores PYTHON* variables",
                    "S": "-S skips the site module, so no sitecustomize runs"}
@@ -277,6 +280,11 @@ def plan(command: Sequence[str], features: str | None = None, inject_fault: str 
         changes[FRESH_STORE_VAR] = "1"
         notes.append(f"{FRESH_STORE_VAR}=1: each torchrun restart attempt gets a fresh rendezvous store, so "
                      "restarted workers never read the dead workers' addresses")
+    if cfg.requested("recover") and is_torchrun(command) and NCCL_ERRORS_VAR not in base:
+        changes[NCCL_ERRORS_VAR] = NCCL_ERRORS_FOR_RECOVER
+        notes.append(f"{NCCL_ERRORS_VAR}={NCCL_ERRORS_FOR_RECOVER} for recover: on an NCCL error or timeout torch's "
+                     "watchdog aborts the communicators and leaves the survivor alive to repair (by default it ends "
+                     "the process); not verified on NCCL here")
     notes += hang_watch(command, cfg)
     return Plan(list(command), {**base, **changes}, changes, warnings, notes)
 

@@ -1,10 +1,11 @@
-"""The job's communication backend, said once where the built-in ``ttp`` engine or ``recover`` cannot rely on it
-(placed by the Megatron glue, whose patches of ``torch.distributed`` apply to every torch job: the Trainer's too).
+"""The job's communication backend, said once where the built-in ``ttp`` engine or ``recover`` relies on it (placed
+by the Megatron glue, whose patches of ``torch.distributed`` apply to every torch job: the Trainer's too).
 
 Both learn of a lost peer from a collective's error. gloo raises it within milliseconds; NCCL and HCCL block until
-their own timeout or an abort, and the dump's device-to-host copies queue behind the blocked collective. Nothing of
-that is verified here (docs/verified.md, "Per communication backend"), so rank 0 says it when the default group is
-made: users learn it at start, not after ten minutes of a job that neither dumps nor repairs.
+their own timeout or an abort (:mod:`ft_plugins.torch.abort`: the launcher's word that a worker was lost aborts them,
+and so does a dump before it reads any state). That is verified on a CPU backend with NCCL's semantics, not on NCCL
+or HCCL themselves (docs/verified.md, "Per communication backend"), so rank 0 says it when the default group is made,
+with what is still left to the backend's timeout.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 from typing import Any, Callable
 
 from ft_plugins.patching import Patch
+from ft_plugins.torch.abort import blocks
 
 log = logging.getLogger("ft_plugins.torch")
 
@@ -23,13 +25,14 @@ BLOCKING = {"nccl": "NCCL's watchdog ends the process (10 minutes by default)",
 def blocking_note(backend: str, features: str) -> str | None:
     """The line for a default group on ``backend`` (torch's name: ``nccl``, ``cpu:gloo,cuda:nccl`` ...), None on
     one that fails fast."""
-    blocking = [name for name in BLOCKING if name in backend.lower()]
-    if not blocking:
+    if not blocks(backend):
         return None
-    name = blocking[0]
-    return (f"{features} on {name.upper()}: a collective whose peer is lost blocks there until {BLOCKING[name]} "
-            f"instead of failing at once as on gloo, and the dump and the repair wait for it; not verified on "
-            f"{name.upper()} (docs/verified.md, 'Per communication backend')")
+    name = next((name for name in BLOCKING if name in backend.lower()), backend)
+    until = BLOCKING.get(name, "its own timeout")
+    return (f"{features} on {name.upper()}: a collective whose peer is lost blocks there until {until} instead of "
+            f"failing at once as on gloo; this rank's communicators are aborted when the launcher reports a lost "
+            f"worker and before a dump, but a node lost with its launcher still waits for that; not verified on "
+            f"{name.upper()} itself (docs/verified.md, 'Per communication backend')")
 
 
 class BackendNote:

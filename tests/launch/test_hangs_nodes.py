@@ -8,7 +8,9 @@ host sync.
   world group's collectives (node 1's entry in the rendezvous store) and leaves them waiting.
 - Negative control, the same job with the counting taken off in the workers: node 0's launcher sees two ranks
   stopped outside collectives and stops the whole job (its local counts alone could not have told: ranks 0 and 1
-  entered the same collectives)."""
+  entered the same collectives).
+- The counted job again with the default group on the test backend with NCCL's semantics
+  (``tests/fakes/blocking_backend``: every wait is the backend's own, never a gloo frame): the same verdicts."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from agents import Agents, run_agents
+from support import FAKES, path_first
 
 WORKER = """\
 import os, signal, sys, time
@@ -29,6 +32,7 @@ if sys.argv[1] == "uncounted":
     ft_plugins.torch.disable()
 dist.init_process_group("gloo")
 rank = dist.get_rank()
+print(f"rank {rank} on backend {dist.get_backend()}", flush=True)
 for step in range(1, 5):
     progress.report(progress.STEP, step)
     dist.all_reduce(torch.ones(1))
@@ -49,10 +53,10 @@ ELSEWHERE = "not ended: every local rank waits in a collective: for a rank elsew
 STOPPED = "every rank of this node stopped outside collectives"
 
 
-def _job(workdir: Path, mode: str) -> Agents:
+def _job(workdir: Path, mode: str, **env: str) -> Agents:
     script = workdir / "worker.py"
     script.write_text(WORKER)
-    return run_agents(workdir, (str(script), mode), last_call=15, timeout=240, **HANGS)
+    return run_agents(workdir, (str(script), mode), last_call=15, timeout=240, **HANGS, **env)
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +69,18 @@ def uncounted(tmp_path_factory: pytest.TempPathFactory) -> Agents:
     return _job(tmp_path_factory.mktemp("uncounted"), "uncounted")
 
 
-def test_the_hung_rank_alone_is_ended_and_the_other_node_s_waiters_are_left_waiting(counted: Agents) -> None:
-    first, second = counted.outputs
+@pytest.fixture(scope="module")
+def blocking(tmp_path_factory: pytest.TempPathFactory) -> Agents:
+    return _job(tmp_path_factory.mktemp("blocking"), "counted", PYTHONPATH=path_first(FAKES / "blocking_backend"),
+                FT_FAKE_BLOCKING="1")
+
+
+@pytest.mark.parametrize("backend", ["counted", "blocking"])
+def test_the_hung_rank_alone_is_ended_and_the_other_node_s_waiters_are_left_waiting(
+        backend: str, request: pytest.FixtureRequest) -> None:
+    first, second = request.getfixturevalue(backend).outputs
+    on = "blocking" if backend == "blocking" else "gloo"
+    assert all(f"rank {rank} on backend {on}" in first + second for rank in range(4)), (first + second)[-6000:]
     assert "hangs: rank 2 (pid" in second and "it is ended" in second, second[-6000:]
     assert "hangs: rank 3 waits for it in a collective (ahead of a peer in a process group's collectives: 3)" \
         in second, second[-6000:]

@@ -293,6 +293,20 @@ def test_recover_with_restarts_keeps_the_agents_store_and_says_how_the_two_combi
                                   "that cannot be repaired in place restarts the whole job")
 
 
+@pytest.mark.parametrize("features, env, value", [
+    ("ttp,recover", {}, "2"), ("all", {}, "2"),
+    ("ttp", {}, None),  # no survivor to keep alive: the watchdog's own end of the process stands
+    ("ttp,recover", {environment.NCCL_ERRORS_VAR: "3"}, "3"),  # the user's own choice wins
+])
+def test_recover_keeps_a_survivor_of_an_nccl_error_alive_to_repair(
+        features: str, env: dict[str, str], value: str | None) -> None:
+    plan = environment.plan(["torchrun", "--nproc-per-node", "8", "train.py"], features=features,
+                            env={"PATH": os.environ["PATH"], **env})
+    assert plan.env.get(environment.NCCL_ERRORS_VAR) == value
+    said = [note for note in plan.notes if note.startswith(environment.NCCL_ERRORS_VAR)]
+    assert len(said) == (environment.NCCL_ERRORS_VAR in plan.changes) == (not env and value is not None), plan.notes
+
+
 def test_each_restart_attempt_gets_its_own_store_prefix_on_the_agents_store() -> None:
     from ft_plugins.attempts import attempt_prefix
 

@@ -1,35 +1,34 @@
-"""Megatron glue for ``recover``: the worker side of in-place recovery (launcher side: :mod:`ft_plugins.launch.recover`).
+"""Megatron glue for ``recover``: the worker side of in-place recovery (launcher side:
+:mod:`ft_plugins.launch.recover`).
 
-A survivor catches the failure in ``train_step`` (a collective with the lost rank raises within
-milliseconds on gloo), lets go of the exception at once (a kept traceback keeps the dead group's
-pending collective and sockets open: the survivor beyond it would wait for the full timeout), holds
-(:mod:`.regroup`: groups destroyed with a time bound, the layout on the fake backend), publishes where
-it stands on the agent's store and waits, bounded, for the replacement the launcher announces. Then
-every rank rebuilds the groups exactly as Megatron built them, the newest completed step K is agreed
-(survivors can be one step apart), a holder of K sends each rank that lacks it the state a save at K
-holds (:mod:`.handover`), every rank stands at exactly K (gradients are zeroed as each step begins,
-the step's batches read again, RNG as at K) and training continues at K + 1.
+A survivor catches the failure in ``train_step`` (a collective with the lost rank raises within milliseconds on gloo; on
+NCCL and HCCL the launcher's word of the loss aborts it first: :class:`ft_plugins.torch.abort.LossWatch`), lets go of
+the exception at once (a kept traceback keeps the dead group's pending collective and sockets open: the survivor beyond
+it would wait for the full timeout), holds (:mod:`.regroup`: groups destroyed with a time bound, the layout on the fake
+backend), publishes where it stands on the agent's store and waits, bounded, for the replacement the launcher announces.
+Then every rank rebuilds the groups exactly as Megatron built them, the newest completed step K is agreed (survivors can
+be one step apart), a holder of K sends each rank that lacks it the state a save at K holds (:mod:`.handover`), every
+rank stands at exactly K (gradients are zeroed as each step begins, the step's batches read again, RNG as at K) and
+training continues at K + 1.
 
-A replacement starts with ``--load`` ignored and its collectives held (the fake backend); once its model and
-optimizer are set up it learns K and the counters at K from the survivors' standings, as a load would set them
-(so Megatron builds its data iterators at K + 1's first sample), and at its first step joins the repair. No
-checkpoint is written or read.
+A replacement starts with ``--load`` ignored and its collectives held (the fake backend); once its model and optimizer
+are set up it learns K and the counters at K from the survivors' standings, as a load would set them (so Megatron builds
+its data iterators at K + 1's first sample), and at its first step joins the repair. No checkpoint is written or read.
 
 Every rank resumes at the one point of Megatron's loop where the survivors stand
-(:func:`ft_plugins.recovery.resumption`): step K + 1 from its start; the logging of K (a survivor caught
-after its update of K, e.g. a rank lost inside its own update, or in that logging: the replacement
-starts a step earlier and counts it as done by its peers); or the periodic save of K, which every rank
-runs again from its top (:mod:`.loop`). An exception raised by a rank's own code is not a lost process:
-see :meth:`MegatronRecovery._raised`.
+(:func:`ft_plugins.recovery.resumption`): step K + 1 from its start; the logging of K (a survivor caught after its
+update of K, e.g. a rank lost inside its own update, or in that logging: the replacement starts a step earlier and
+counts it as done by its peers); or the periodic save of K, which every rank runs again from its top (:mod:`.loop`). An
+exception raised by a rank's own code is not a lost process: see :meth:`MegatronRecovery._raised`.
 
-With Megatron's distributed optimizer a rank's shard of the parameter state is held again only by the
-rank at the same place of another optimizer instance (``FT_PLUGINS_TTP_REPLICAS``): that rank sends it
-with the rest; with one instance nothing can replace a lost rank, and recover says so at the start.
+With Megatron's distributed optimizer a rank's shard of the parameter state is held again only by the rank at the same
+place of another optimizer instance (``FT_PLUGINS_TTP_REPLICAS``): that rank sends it with the rest; with one instance
+nothing can replace a lost rank, and recover says so at the start.
 
-When recovery cannot work (no replacement within the bound, a second fault during the repair, no
-surviving holder of a shard, a group only some object holds) the survivors fall back to ``ttp``'s
-dump, as without this feature, and say why in one line; with ``elastic``, survivors no replacement
-comes for go on with fewer data-parallel replicas instead (:mod:`.elastic`).
+When recovery cannot work (no replacement within the bound, a second fault during the repair, no surviving holder of a
+shard, a group only some object holds) the survivors fall back to ``ttp``'s dump, as without this feature, and say why
+in one line; with ``elastic``, survivors no replacement comes for go on with fewer data-parallel replicas instead
+(:mod:`.elastic`).
 """
 
 from __future__ import annotations
@@ -47,6 +46,7 @@ from ft_plugins.recovery import (LOG, REFUSED, SAVE as SAVING, STANDINGS, STEP, 
                                  await_keys, connect, key, mark_trained, plan, replacement, resume_collection,
                                  resumption, standings, supervised)
 from ft_plugins.steps import FORWARD, IDLE, UPDATED
+from ft_plugins.torch.abort import LossWatch
 from ft_plugins.torch.megatron import loop
 from ft_plugins.torch.megatron.handover import (Batches, Chunks, apply, kept, receive, send, set_rng, state_at,
                                                 step_samples, unsupported, what_this_rank_holds, without_load)
@@ -81,6 +81,7 @@ class MegatronRecovery:
         self.loop: tuple[Any, Any] = (None, None)  # train()'s checkpointing context and data iterator
         self.refusal = ""
         self.result_size = 0  # the items of train_step's tuple, once a step returned here
+        self.watch = LossWatch(self._connect, lambda: self.generation)  # NCCL, HCCL: the launcher's word aborts
 
     def patches(self) -> tuple[Patch, ...]:
         return (*self.regroup.patches(),
@@ -123,6 +124,7 @@ class MegatronRecovery:
         iterator = given["train_data_iterator"]
         self.loop = (given.get("checkpointing_context"), iterator)
         self.batches, given_iterator = kept(iterator)
+        self.watch.start()
         if given_iterator is not iterator:
             args, kwargs = loop.replaced(args, kwargs, 4, "train_data_iterator", given_iterator)
         result = wrapped(*args, **kwargs)
@@ -254,6 +256,7 @@ class MegatronRecovery:
                 require_successors(self.regroup.join(rank, world, PrefixStore(key(generation, "world/"), store),
                                                        megatron_roots(self.objects)), Fallback)
                 self._rebuilt(-2 if mine is None else mine[0].completed)
+                self.watch.start()  # a replacement's groups are real from here
                 self.joined = True
                 # each rank's standing and holding in one collective of the rebuilt groups, not N reads of the
                 # store by each of N ranks (the replacement has no standing: it is behind every survivor)
@@ -404,8 +407,7 @@ class MegatronRecovery:
 
     def _align(self, phase: str, rng: Any) -> None:
         """Called holding ttp's lock: its step tracker says what this rank now holds."""
-        _, _, scheduler = self.objects
-        step = self.tracker.payload
+        scheduler, step = self.objects[2], self.tracker.payload
         self.tracker.align(phase)
         if step is not None:
             step.rng, step.scheduler_steps = rng, getattr(scheduler, "num_steps", 0)
@@ -431,9 +433,8 @@ class MegatronRecovery:
             self.waits = self._connect()
         return self.waits
 
-    def _connect(self) -> Any:
+    def _connect(self) -> Any:  # a connection of its own each time
         return connect(os.environ, self.timeout)
-
     def _publish_refusal(self) -> None:
         """Tell the launcher before any failure, so that it leaves a lost rank to torchrun's own handling instead
         of starting a replacement that could not join (a second failure)."""

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from ft_plugins.config import ROUND_VAR
 from ft_plugins.patching import Patch
+from ft_plugins.torch.abort import blocks
 from ft_plugins.torch.megatron.state import megatron
 
 log = logging.getLogger("ft_plugins.recover")
@@ -113,12 +114,19 @@ class Regroup:
         return self._recording(wrapped, args, kwargs)
 
     def _recording(self, wrapped: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        """Create a real group, remembering the connections it opened."""
+        """Create a real group, remembering the connections it opened: a gloo group's, which a shutdown ends. Those of
+        a backend that blocks (NCCL, HCCL) are its own, never shut down under it: an abort releases its waits."""
+        import torch.distributed as dist
+
         before = _sockets()
+        group = wrapped(*args, **kwargs)
         try:
-            return wrapped(*args, **kwargs)
-        finally:
+            blocking = blocks(str(dist.get_backend(group)))
+        except Exception:  # not a member of it: no connection of its own
+            blocking = False
+        if not blocking:
             self.sockets |= _sockets() - before
+        return group
 
     def interrupt(self) -> None:
         """Shut this process's group connections down: a collective pending in another thread fails now."""

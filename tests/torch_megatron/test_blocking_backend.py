@@ -1,0 +1,76 @@
+"""``recover`` and ``ttp``'s dump on a backend that blocks, as NCCL and HCCL do: real 4-rank torchrun runs of
+Megatron's ``pretrain()`` under ``ft-plugins run``, the default group on the test backend with NCCL's semantics
+(``tests/fakes/blocking_backend``: a collective whose peer is lost waits until aborted), Megatron's own gloo groups
+on gloo, as on a GPU cluster.
+
+Rank 1 killed in step 3. The survivors' collectives with it do not fail by themselves; the launcher's word of the loss
+(the replacement it starts) aborts their communicators, they catch the abort as they catch gloo's error, and the
+replacement joins in place: the final save is bit for bit the uninterrupted run's. Negative control: the same fault
+with communicators that cannot be aborted (``FT_FAKE_BLOCKING_ABORT=off``): the survivors never learn of the loss,
+the replacement cannot join, and the job ends in ``ttp``'s dump (committed, bit for bit Megatron's save of step 2)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from support import FAKES, path_first
+from ttp_runs import DP4, ITERS, Job, run_supervised, same_as_reference
+
+KILLED = 2  # rank 1 killed in forward after 2 completed steps
+BLOCKING = {"FT_PLUGINS": "ttp,recover", "FT_PLUGINS_INJECT_FAULT": f"rank=1,step={KILLED},kind=kill",
+            "PYTHONPATH": path_first(FAKES / "blocking_backend"), "FT_FAKE_BLOCKING": "1"}
+TIMEOUT = 20  # recover's bound in the negative control, where nothing comes
+
+
+def _run(workdir: Path, **env: str) -> Job:
+    return run_supervised(workdir, DP4, "--save-interval", "100", **BLOCKING, **env)
+
+
+@pytest.fixture(scope="module")
+def recovered(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    return _run(tmp_path_factory.mktemp("blocking_recovered"))
+
+
+@pytest.fixture(scope="module")
+def unaborted(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    return _run(tmp_path_factory.mktemp("blocking_unaborted"), FT_FAKE_BLOCKING_ABORT="off",
+                FT_PLUGINS_RECOVER_TIMEOUT=str(TIMEOUT))
+
+
+def test_the_default_group_blocks_and_rank_0_says_what_it_does_about_it(recovered: Job) -> None:
+    [note] = recovered.lines("ttp's built-in engine and recover on BLOCKING: a collective whose peer is lost blocks")
+    assert "aborted when the launcher reports a lost worker and before a dump" in note
+    assert "not verified on BLOCKING itself" in note
+
+
+def test_the_launchers_word_aborts_the_survivors_and_the_lost_rank_is_replaced_in_place(
+        recovered: Job, dp4_reference: Job) -> None:
+    assert recovered.returncode == 0, recovered.output[-5000:]
+    assert recovered.lines("rank 1 exited with code -9; replacement pid")
+    for survivor in (0, 2, 3):
+        assert recovered.lines(f"[ft_plugins.torch rank {survivor}] WARNING aborted this rank's"), survivor
+        [caught] = recovered.lines(f"recover: rank {survivor} (pid")
+        assert re.search(rf"caught DistBackendError: blocking: .* aborted in step {KILLED + 1} ", caught), caught
+    assert recovered.lines(f"every rank stands at step {KILLED}, training continues at step {KILLED + 1}")
+    assert not recovered.lines("loading checkpoint") and not recovered.lines("dumped")
+    assert [len(recovered.lines(f"iteration        {i}/       {ITERS}")) for i in range(1, ITERS + 1)] == [1] * ITERS
+    assert same_as_reference(recovered, dp4_reference, ITERS) == []  # model, optimizer, scheduler, RNG, counters
+
+
+def test_without_the_abort_the_survivors_never_learn_of_the_loss_and_the_dump_ends_the_job(
+        unaborted: Job, dp4_reference: Job) -> None:
+    assert unaborted.returncode != 0
+    assert not unaborted.lines("caught"), "no survivor's collective failed by itself"
+    for survivor in (0, 2, 3):  # the dump tries to abort before it reads any state
+        assert unaborted.lines(f"[ft_plugins.torch rank {survivor}] WARNING aborted this rank's"), survivor
+        assert [line for line in unaborted.lines(f"[ft_plugins.torch rank {survivor}] WARNING aborted this rank's")
+                if line.endswith("(ttp's dump: SIGTERM)")], survivor
+    assert unaborted.lines(f"replacement of rank 1 cannot join: the survivors' standings did not come within {TIMEOUT}")
+    assert not unaborted.lines("every rank stands at step")
+    assert unaborted.tracker() == str(KILLED), unaborted.output[-4000:]
+    assert unaborted.lines(f"dumped mp_rank_00 of iteration {KILLED} in")
+    assert (unaborted.iteration(KILLED) / "ft_manifest.json").is_file()
+    assert same_as_reference(unaborted, dp4_reference, KILLED) == []
