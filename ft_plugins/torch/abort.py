@@ -33,10 +33,13 @@ def blocks(backend: str) -> bool:
 
 
 def default_blocks() -> bool:
-    """Whether this process's default group is on a backend that :func:`blocks`."""
+    """Whether this process's default group is on a backend that :func:`blocks` (False without one)."""
     import torch.distributed as dist
 
-    return dist.is_available() and dist.is_initialized() and blocks(str(dist.get_backend()))
+    try:
+        return dist.is_available() and dist.is_initialized() and blocks(str(dist.get_backend()))
+    except Exception:  # a default group torn down under way (recover's hold)
+        return False
 
 
 def abort_blocking(why: str) -> int:
@@ -56,8 +59,7 @@ def abort_blocking(why: str) -> int:
             group.abort()
             aborted += 1
         except Exception as exc:
-            log.warning("a %s group of ranks %s not aborted (%s): %s: %s", backend,
-                        dist.get_process_group_ranks(group), why, type(exc).__name__, exc)
+            log.warning("a %s group not aborted (%s): %s: %s", backend, why, type(exc).__name__, exc)
     if aborted:
         log.warning("aborted this rank's %d communicator%s (%s)", aborted, "s" if aborted > 1 else "", why)
     return aborted

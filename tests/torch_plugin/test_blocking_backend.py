@@ -2,7 +2,7 @@
 processes (``fixtures/blocking_probe.py``): its collectives give gloo's results; a collective whose peer was lost
 (SIGKILL) or is silent (SIGSTOP) blocks until ft_plugins' ``LossWatch`` reads the launcher's word of the loss and
 aborts the communicators, and then fails with ``DistBackendError``. On gloo (the control) the lost peer's collective
-fails at once, before any word."""
+fails by itself, with no word and no abort."""
 
 from __future__ import annotations
 
@@ -75,10 +75,10 @@ def test_a_lost_or_silent_peer_blocks_until_the_word_of_the_loss_aborts(blocking
             assert line["announced"] is not None and line["ended"] >= line["announced"] > line["began"], line
 
 
-def test_on_gloo_a_lost_peer_fails_the_collective_at_once(gloo: list[dict]) -> None:
+def test_on_gloo_a_lost_peer_fails_the_collective_by_itself(gloo: list[dict]) -> None:
     faults = _results(gloo, "fault")
     assert sorted(faults) == [0, 1], gloo
-    for (line,) in faults.values():
+    for (line,) in faults.values():  # nobody aborts on gloo, and no word of the loss comes
         assert line["outcome"] != "returned" and line["announced"] is None, line
 
 
@@ -109,7 +109,6 @@ def _registry(monkeypatch: pytest.MonkeyPatch, groups: dict[str, str], failing: 
     registry = {_Group(calls, name, fails=name == failing): (backend, None) for name, backend in groups.items()}
     monkeypatch.setattr(dist.distributed_c10d, "_pg_map", registry)
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
-    monkeypatch.setattr(dist, "get_process_group_ranks", lambda group: [0, 1])
     monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)  # the fakes' records ask it
     return calls
 
@@ -123,7 +122,7 @@ def test_an_abort_ends_every_group_that_blocks_and_leaves_gloo_s_alone(monkeypat
     with caplog.at_level("WARNING", logger="ft_plugins.torch"):
         assert abort_blocking("a test") == 2
     assert calls == ["abort world", "abort mixed", "abort broken"]
-    assert "a nccl group of ranks [0, 1] not aborted (a test): RuntimeError: cannot abort" in caplog.text
+    assert "a nccl group not aborted (a test): RuntimeError: cannot abort" in caplog.text
     assert "aborted this rank's 2 communicators (a test)" in caplog.text
 
 
