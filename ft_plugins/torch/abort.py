@@ -65,6 +65,13 @@ def abort_blocking(why: str) -> int:
     return aborted
 
 
+def abort_for_dump(reason: str) -> None:
+    """Before a dump reads any state, on a backend that blocks: device copies would queue behind a blocked
+    collective (nothing to do on gloo)."""
+    if default_blocks():
+        abort_blocking(f"ttp's dump: {reason}")
+
+
 def _stop_npu(why: str) -> None:
     """MindIO's order, through its adapter: the NPU stopped (every pending task ends), then restarted."""
     from ft_plugins.vendors import mindio

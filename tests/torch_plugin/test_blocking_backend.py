@@ -140,3 +140,16 @@ def test_on_hccl_the_npu_is_stopped_and_restarted_before_the_groups_abort(
     assert [(call["api"], call["args"]) for call in read_records(record)] == [
         ("torch_npu.npu.stop_device", [0]), ("torch_npu.npu.restart_device", [0])]
     assert calls == ["abort world"]
+
+
+@pytest.mark.parametrize("default, aborted", [("nccl", ["abort world"]), ("gloo", [])])
+def test_a_dump_aborts_first_only_where_the_default_group_blocks(
+        monkeypatch: pytest.MonkeyPatch, default: str, aborted: list[str]) -> None:
+    import torch.distributed as dist
+
+    from ft_plugins.torch.abort import abort_for_dump
+
+    calls = _registry(monkeypatch, {"world": default})
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: default)
+    abort_for_dump("SIGTERM")
+    assert calls == aborted

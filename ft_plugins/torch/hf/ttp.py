@@ -45,6 +45,7 @@ from ft_plugins.patching import Patch
 from ft_plugins.steps import FORWARD, IDLE, Frozen, StepTracker
 from ft_plugins.rank import global_rank
 from ft_plugins.torch import saving
+from ft_plugins.torch.abort import abort_for_dump
 from ft_plugins.torch.hf.agree import agree
 from ft_plugins.torch.hf.rotation import committed
 from ft_plugins.torch.hf.rng import RngState, restore
@@ -131,6 +132,7 @@ class TrainerDump:
         """Write ``checkpoint-K`` once, from one survivor; never raises (the exit follows)."""
         started = time.monotonic()
         try:
+            abort_for_dump(reason)
             why_not = _nothing_to_save(frozen)
             if why_not:
                 log.warning("ttp: %s: nothing to dump (%s)", reason, why_not)

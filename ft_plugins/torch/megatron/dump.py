@@ -32,7 +32,7 @@ from ft_plugins.features.ttp import Ttp
 from ft_plugins.rank import global_rank
 from ft_plugins.steps import FORWARD, UPDATED, Frozen
 from ft_plugins.torch import saving
-from ft_plugins.torch.abort import abort_blocking, default_blocks
+from ft_plugins.torch.abort import abort_for_dump
 from ft_plugins.torch.megatron.regroup import Regroup, real_twins
 from ft_plugins.torch.megatron.state import (RESUMES_TORCH_FORMAT, megatron, megatron_args, rng_state, saved_state,
                                              sharded_optimizers)
@@ -150,8 +150,7 @@ class MegatronDump:
         """Write this rank's part of the dump of the frozen step (and commit it); never raises."""
         started = time.monotonic()
         try:
-            if default_blocks():  # before any state is read: device copies would queue behind a blocked collective
-                abort_blocking(f"ttp's dump: {reason}")
+            abort_for_dump(reason)
             if frozen is None or frozen.torn:  # a torn rank has a role in the fault: it says so
                 log.log(logging.DEBUG if frozen is None else logging.WARNING, "ttp: %s: nothing to dump (%s)",
                         reason, "no step began" if frozen is None else "this rank was caught inside an update")
