@@ -126,7 +126,8 @@ STANDINGS = "standings"
 MEMBERS = "members"
 ARRIVED = "arrived"
 NODES = "nodes"
-WAITED = ("lost", "joined", STANDINGS, MEMBERS, ARRIVED)  # the keys of a generation that a rank waits on
+ABORT = "abort"  # the launcher's word that a worker or a node was lost: on NCCL and HCCL the survivors abort then
+WAITED = ("lost", "joined", STANDINGS, MEMBERS, ARRIVED, ABORT)  # the keys of a generation that a rank waits on
 
 
 class Fallback(RuntimeError):

@@ -25,8 +25,9 @@ from ft_plugins import events
 from ft_plugins.config import RECOVERY_VAR, ROUND_VAR
 from ft_plugins.launch.environment import launcher_options, torchrun_option
 from ft_plugins.launch.leftovers import PROCESSES, end_group
+from ft_plugins.launch.node_loss import NodeLoss
 from ft_plugins.launch.spares import Spares
-from ft_plugins.recovery import NODES, REFUSED, abandon, key, namespace, replacement_value, trained
+from ft_plugins.recovery import ABORT, NODES, REFUSED, abandon, key, namespace, replacement_value, trained
 from ft_plugins.vendors.versions import TORCH_RECOVER
 
 log = logging.getLogger("ft_plugins.recover")
@@ -42,6 +43,7 @@ class Supervisor:
 
     def __init__(self, spares: int = 0) -> None:
         self.spares = Spares(spares)
+        self.nodes = NodeLoss()  # a node lost with its launcher, said to the workers by this one
         self.rendezvous = 0  # torchrun's rendezvous round of the workers running (FT_PLUGINS_ROUND)
         self._begin_attempt(0)
 
@@ -96,6 +98,7 @@ class Supervisor:
                     self._failed(worker_group, context, local_rank, code)
             for local_rank, pid in context.pids().items():  # the agent checks its workers' pids first
                 worker_group.workers[local_rank].id = pid
+            self._check_nodes(worker_group)
         self.spares.reap()
         self._round = (worker_group, context)
         try:
@@ -135,6 +138,7 @@ class Supervisor:
             self.rendezvous = rendezvous
             self._begin_attempt(self.attempt)
         os.environ[ROUND_VAR] = str(rendezvous)
+        self.nodes.begin(worker_group.spec.rdzv_handler)
         return wrapped(*args, **kwargs)
 
     def exit_barrier(self, wrapped: Callable[..., Any], agent: Any, args: tuple, kwargs: dict) -> Any:
@@ -142,8 +146,9 @@ class Supervisor:
         after a scale-in (``elastic``) it waits for the nodes still in the job, not for those lost in it."""
         group = agent._worker_group
         try:
-            self._connect(group)
-            nodes = json.loads(self.store.get(NODES)) if self.store.check([NODES]) else None
+            store = self._connect(group)
+            nodes = json.loads(store.get(NODES)) if store.check([NODES]) else None
+            self.nodes.finished(getattr(getattr(group, "spec", None), "rdzv_handler", None), store)
         except Exception:  # no store, or its host gone: torch's own barrier says what it finds
             nodes = None
         if nodes is None or len(nodes) >= group.group_world_size:
@@ -177,6 +182,7 @@ class Supervisor:
         handler = handler or self._start(context, local_rank, env)
         context.subprocess_handlers[local_rank] = handler
         self.store.set(key(self.generation, "lost"), str(rank))
+        self.store.set(key(self.generation, ABORT), f"rank {rank} lost")
         events.emit("replacement", rank=rank, generation=self.generation, pid=handler.proc.pid, spare=how[0] == "w")
         log.warning("recover: rank %d exited with code %d; " + how + " as generation %d, the other workers keep "
                     "running", rank, code, handler.proc.pid, self.generation)
@@ -228,15 +234,24 @@ class Supervisor:
         """(ranks that finished repairing the current generation, ranks in the job), from the store."""
         return self.store.add(key(self.generation, "done"), 0), worker_group.workers[0].world_size
 
-    def _connect(self, worker_group: Any) -> None:
+    def _connect(self, worker_group: Any) -> Any:
+        """The workers' store, in their namespace (one connection, made at its first use)."""
         if self.store is not None:
-            return
+            return self.store
         from torch.distributed import PrefixStore, TCPStore
 
         client = TCPStore(worker_group.master_addr, worker_group.master_port, is_master=False,
                           timeout=STORE_TIMEOUT)
         self.store = PrefixStore(namespace(worker_group.spec.rdzv_handler.get_run_id(), self.attempt, self.rendezvous),
                                  client)
+        return self.store
+
+    def _check_nodes(self, worker_group: Any) -> None:
+        """A node lost with its launcher, said to the workers (:mod:`.node_loss`); never into torch's loop."""
+        try:
+            self.nodes.check(worker_group.spec.rdzv_handler, lambda: self._connect(worker_group))
+        except Exception as exc:  # the store host is gone: the job's end is torchrun's to judge
+            log.debug("recover: nodes not checked: %s: %s", type(exc).__name__, exc)
 
     @staticmethod
     def _start(context: Any, local_rank: int, env: dict[str, str]) -> Any:

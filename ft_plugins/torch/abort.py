@@ -17,7 +17,7 @@ import time
 from datetime import timedelta
 from typing import Any, Callable
 
-from ft_plugins.recovery import key
+from ft_plugins.recovery import ABORT, key
 
 log = logging.getLogger("ft_plugins.torch")
 
@@ -84,9 +84,10 @@ def _stop_npu(why: str) -> None:
 
 
 class LossWatch:
-    """A daemon thread that aborts this rank's communicators when the launcher announces a lost worker (``recover``'s
-    key ``lost`` of the generation after the one ``current()`` names), waited on over a store connection of its own
-    (``connect()``). Once it aborted, it waits for the repair to take that generation, then watches the next."""
+    """A daemon thread that aborts this rank's communicators when the launcher announces a lost worker or node
+    (``recover``'s key :data:`~ft_plugins.recovery.ABORT` of the generation after the one ``current()`` names), waited
+    on over a store connection of its own (``connect()``). Once it aborted, it waits for the repair (or the scale-in)
+    to take that generation, then watches the next."""
 
     def __init__(self, connect: Callable[[], Any], current: Callable[[], int]) -> None:
         self.connect, self.current = connect, current
@@ -110,13 +111,14 @@ class LossWatch:
             generation = self.current() + 1
             began = time.monotonic()
             try:
-                store.wait([key(generation, "lost")], timedelta(seconds=WATCH_BOUND))
+                store.wait([key(generation, ABORT)], timedelta(seconds=WATCH_BOUND))
             except Exception as exc:
                 if time.monotonic() - began < 0.9 * WATCH_BOUND:  # the store failed, not the bound: the job ends
                     log.debug("recover: the loss watch ends: %s: %s", type(exc).__name__, exc)
                     return
                 continue
             if self.current() < generation:
-                abort_blocking(f"the launcher reports a worker lost (generation {generation})")
+                abort_blocking(f"the launcher reports {store.get(key(generation, ABORT)).decode()} (generation "
+                               f"{generation})")
             while self.current() < generation:  # the repair takes it (or the fallback ends the process)
                 time.sleep(0.05)

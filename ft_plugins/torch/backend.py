@@ -4,8 +4,8 @@ by the Megatron glue, whose patches of ``torch.distributed`` apply to every torc
 Both learn of a lost peer from a collective's error. gloo raises it within milliseconds; NCCL and HCCL block until
 their own timeout or an abort (:mod:`ft_plugins.torch.abort`: the launcher's word that a worker was lost aborts them,
 and so does a dump before it reads any state). That is verified on a CPU backend with NCCL's semantics, not on NCCL
-or HCCL themselves (docs/verified.md, "Per communication backend"), so rank 0 says it when the default group is made,
-with what is still left to the backend's timeout.
+or HCCL themselves (docs/verified.md, "Per communication backend"), so rank 0 says it when the default group is
+made.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ def blocking_note(backend: str, features: str) -> str | None:
     until = BLOCKING.get(name, "its own timeout")
     return (f"{features} on {name.upper()}: a collective whose peer is lost blocks there until {until} instead of "
             f"failing at once as on gloo; this rank's communicators are aborted when the launcher reports a lost "
-            f"worker and before a dump, but a node lost with its launcher still waits for that; not verified on "
-            f"{name.upper()} itself (docs/verified.md, 'Per communication backend')")
+            f"worker or node (a node once torchrun's rendezvous misses its keep-alives, 15 s by default) and before a "
+            f"dump; not verified on {name.upper()} itself (docs/verified.md, 'Per communication backend')")
 
 
 class BackendNote:

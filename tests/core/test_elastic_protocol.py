@@ -12,6 +12,7 @@ from torch.distributed import TCPStore
 
 from support import agent_store_client
 
+from ft_plugins.launch.node_loss import FINISHED
 from ft_plugins.recovery import NODES, Fallback, Member, abandon, going_on, key, members
 from ft_plugins.torch.megatron.elastic import smaller_sizes, unscalable
 
@@ -120,7 +121,8 @@ class _Agent:
     """What torchrun's agent holds that its exit barrier reads: the worker group, its count of nodes."""
 
     def __init__(self, nodes: int) -> None:
-        self._worker_group = SimpleNamespace(group_world_size=nodes)
+        handler = SimpleNamespace(_this_node="10.0.0.9_900_0")  # torchrun's c10d rendezvous handler, as far as read
+        self._worker_group = SimpleNamespace(group_world_size=nodes, spec=SimpleNamespace(rdzv_handler=handler))
 
 
 def test_torchruns_exit_barrier_waits_only_for_the_nodes_left_after_a_scale_in(store_server: TCPStore) -> None:
@@ -137,3 +139,4 @@ def test_torchruns_exit_barrier_waits_only_for_the_nodes_left_after_a_scale_in(s
     supervisor.store.set(NODES, "[0, 2]")
     assert supervisor.exit_barrier(barrier, agent, (), {}) == "done"
     assert seen == [3, 2] and agent._worker_group.group_world_size == 3  # torch's count given back after
+    assert supervisor.store.check([FINISHED + "10.0.0.9_900_0"]), "its end is no loss to the other launchers"

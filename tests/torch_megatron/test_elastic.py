@@ -31,6 +31,10 @@ SIGKILLed whole (agent and workers): no replacement can come.
   ``--decrease-batch-size-if-needed`` it becomes 3 (said in the line; megatron-core 0.19's evaluation batch too),
   every later step reads exactly its 3 samples, and the end and the evaluations are bit for bit Megatron's own
   resume at DP=3 with the same switch.
+- On the test backend with NCCL's semantics (``tests/fakes/blocking_backend``), the same loss, DP=4 -> 2: the
+  survivors' collectives with the lost node block; node 0's launcher sees the node gone from torchrun's rendezvous
+  (no keep-alive) and announces it; the survivors abort, catch, scale in, and end bit for bit as Megatron's own
+  resume at DP=2.
 - Without ``elastic`` (negative control), the same loss: the survivors wait for a replacement until recover's
   timeout, then dump step 2 and the job ends; step 3 is never trained.
 - The lost node comes back after the scale-in (while rank 0 stands in the save of step 3): torchrun's agent stops
@@ -52,7 +56,7 @@ from pathlib import Path
 import pytest
 
 from elastic_runs import Nodes, elastic_job
-from support import assert_bit_identical
+from support import FAKES, assert_bit_identical, path_first
 from ttp_runs import DP4, ITERS, SHARDS, TP, Job, Launch, differences, dist_differences
 
 pytestmark = pytest.mark.newest_megatron  # on megatron-core 0.19 only: the newest lane's suite
@@ -92,6 +96,12 @@ def scaled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Nodes, Path]:
     job = elastic_job(workdir, "--train-iters", str(ITERS), "--ft-sample-log", str(samples), *EVALUATED, lose=(2,),
                       **ELASTIC)
     return job, samples
+
+
+@pytest.fixture(scope="module")
+def blocked(tmp_path_factory: pytest.TempPathFactory) -> Nodes:
+    return elastic_job(tmp_path_factory.mktemp("blocked"), "--train-iters", str(ITERS), lose=(2,),
+                       PYTHONPATH=path_first(FAKES / "blocking_backend"), FT_FAKE_BLOCKING="1", **ELASTIC)
 
 
 @pytest.fixture(scope="module")
@@ -357,6 +367,23 @@ def test_grown_back_every_step_read_its_global_batch_at_the_size_that_completed_
     for step in range(1, ITERS + 1):
         world = 2 if step == COMPLETED + 1 else 4
         assert set(reads[step, world]) == set(range((step - 1) * BATCH, step * BATCH)), step  # step 5 read twice
+
+
+def test_on_a_backend_that_blocks_the_launcher_announces_the_lost_node_and_the_survivors_scale_in_exactly(
+        blocked: Nodes, resumed_at_dp2: Job) -> None:
+    first, _ = blocked.outputs
+    assert blocked.codes[0] == 0, first[-5000:]
+    assert "without finishing: the workers' communicators are aborted for generation 1" in first, first[-5000:]
+    for rank in (0, 1):
+        assert blocked.job.lines(f"[ft_plugins.torch rank {rank}] WARNING aborted this rank's"), rank
+        [caught] = blocked.job.lines(f"recover: rank {rank} (pid")
+        assert "caught DistBackendError: blocking: " in caught, caught
+    assert blocked.job.lines("elastic: no replacement within 3 s for ranks 2, 3: 2 ranks go on at data-parallel "
+                             "size 2 (was 4), the global batch 4 kept")
+    for step in range(1, ITERS + 1):
+        assert len(blocked.job.lines(f"iteration        {step}/       {ITERS}")) == 1, step
+    model = "mp_rank_00/model_optim_rng.pt"
+    assert differences(blocked.job.iteration(ITERS) / model, resumed_at_dp2.iteration(ITERS) / model) == []
 
 
 def test_a_node_lost_inside_the_update_the_survivors_count_the_step_and_go_on_exactly(

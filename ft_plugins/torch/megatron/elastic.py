@@ -238,6 +238,8 @@ class MegatronElastic(MegatronRecovery):
             raise Fallback(why)
         if rank in (stay[0], *leaving):  # the nodes that reach torchrun's exit barrier: said before any leaves
             self._store().set(NODES, json.dumps(sorted({member.node for member in found.values()})))
+        if rank == stay[0]:  # the launchers number what they announce next after this generation (a node lost later)
+            self._store().add("generation", 1)
         if rank in leaving:
             self._leave(generation, sorted(set(range(world)) - set(found)))
         megatron_args = megatron("training.global_vars").get_args()
