@@ -55,3 +55,13 @@ def test_mindformers_resumes_through_the_guarded_step_and_injects_mindspores_cal
     assert "def load_resume_context_from_checkpoint" in source("mindformers.trainer.utils")
     assert '{"type": "TrainFaultTolerance"}' in source("mindformers.trainer.base_trainer")
     assert "`load_resume_context_from_checkpoint`" in page("frameworks/mindspore.md")
+
+
+def test_c10d_rendezvous_drops_a_node_after_15_s_without_keep_alive() -> None:
+    """elastic.md, verified.md: torchrun's c10d rendezvous drops a node that sent no keep-alive for its
+    ``keep_alive_interval`` x ``keep_alive_max_attempt`` (5 s x 3 by default), at each sync of its state."""
+    text = source("torch.distributed.elastic.rendezvous.dynamic_rendezvous")
+    assert "keep_alive_interval: int = 5" in text and "keep_alive_max_attempt: int = 3" in text
+    assert re.search(r"def _sanitize\(self\).*?keep_alive_interval \* self\._settings\.keep_alive_max_attempt.*?"
+                     r"del state\.participants\[dead_node\]", text, re.S)
+    assert "no keep-alive for 15 s" in page("features/elastic.md") and "no keep-alive for 15 s" in page("verified.md")

@@ -30,7 +30,8 @@ STATIC_RESTARTS = ("torchrun restarts workers over its static rendezvous, where 
                    "dead workers' Gloo addresses and often fail (`connectFullMesh failed`) or hang: launch with "
                    "--standalone (one node) or --rdzv-backend c10d --rdzv-endpoint HOST:PORT")
 # torch's watchdog on an NCCL error or timeout: 3 (its default) ends the process, 2 aborts the communicators only,
-# which the survivor's waiting collective then raises, as recover needs (what torch asks of its abort API too)
+# which the survivor's waiting collective then raises, as recover needs; 0 (what torch's abort API asks for) would
+# leave a collective that times out waiting for ever where no loss is announced
 NCCL_ERRORS_VAR, NCCL_ERRORS_FOR_RECOVER = "TORCH_NCCL_ASYNC_ERROR_HANDLING", "2"
 _PYTHON = re.compile(r"python[0-9.]*")
 _BLOCKING_FLAGS = {"I": "-I (isolated mode) ignores PYTHONPATH", "E": "-E ignores PYTHON* variables",
