@@ -25,7 +25,7 @@ CHECK_EVERY = 1.0  # seconds between two looks at the rendezvous state the agent
 FINISHED = "finished/"  # + a node: it reached torchrun's exit barrier (its end is no loss)
 
 
-def _state(handler: Any) -> Any:
+def rendezvous_state(handler: Any) -> Any:
     """torchrun's c10d rendezvous state as this agent last synced it (None for another rendezvous)."""
     return getattr(getattr(handler, "_state_holder", None), "state", None)
 
@@ -41,7 +41,7 @@ class NodeLoss:
 
     def begin(self, handler: Any) -> None:
         """Workers start (a round's rendezvous completed): its nodes are the members."""
-        state = _state(handler)
+        state = rendezvous_state(handler)
         self.round = None if state is None else state.round
         self.members = {} if state is None else {str(node): rank for node, rank in state.participants.items()}
         self.announced = set()
@@ -53,7 +53,7 @@ class NodeLoss:
         if now - self.checked < CHECK_EVERY:
             return []
         self.checked = now
-        state = _state(handler)
+        state = rendezvous_state(handler)
         if state is None or getattr(state, "closed", False) or state.round != self.round:
             return []
         gone = sorted(set(self.members) - set(map(str, state.participants)) - self.announced)

@@ -25,7 +25,7 @@ from ft_plugins import events
 from ft_plugins.config import RECOVERY_VAR, ROUND_VAR
 from ft_plugins.launch.environment import launcher_options, torchrun_option
 from ft_plugins.launch.leftovers import PROCESSES, end_group
-from ft_plugins.launch.node_loss import NodeLoss
+from ft_plugins.launch.node_loss import NodeLoss, rendezvous_state
 from ft_plugins.launch.spares import Spares
 from ft_plugins.recovery import ABORT, NODES, REFUSED, abandon, key, namespace, replacement_value, trained
 from ft_plugins.vendors.versions import TORCH_RECOVER
@@ -132,7 +132,7 @@ class Supervisor:
         MIN:MAX``, which keeps torchrun's restart count) gets the protocol afresh, in the namespace of the rendezvous
         round every node's agent shares."""
         worker_group = kwargs.get("worker_group", args[0] if args else None)
-        state = getattr(getattr(worker_group.spec.rdzv_handler, "_state_holder", None), "state", None)
+        state = rendezvous_state(worker_group.spec.rdzv_handler)
         rendezvous = int(getattr(state, "round", 0))  # c10d's; a static rendezvous has one
         if rendezvous != self.rendezvous:
             self.rendezvous = rendezvous

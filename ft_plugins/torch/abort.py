@@ -18,6 +18,7 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from ft_plugins.recovery import ABORT, key
+from ft_plugins.vendors import mindio
 
 log = logging.getLogger("ft_plugins.torch")
 
@@ -74,8 +75,6 @@ def abort_for_dump(reason: str) -> None:
 
 def _stop_npu(why: str) -> None:
     """MindIO's order, through its adapter: the NPU stopped (every pending task ends), then restarted."""
-    from ft_plugins.vendors import mindio
-
     try:
         if mindio.stop_device():
             mindio.restart_device()
