@@ -3,11 +3,16 @@ Megatron's ``pretrain()`` under ``ft-plugins run``, the default group on the tes
 (``tests/fakes/blocking_backend``: a collective whose peer is lost waits until aborted), Megatron's own gloo groups
 on gloo, as on a GPU cluster.
 
-Rank 1 killed in step 3. The survivors' collectives with it do not fail by themselves; the launcher's word of the loss
-(the replacement it starts) aborts their communicators, they catch the abort as they catch gloo's error, and the
-replacement joins in place: the final save is bit for bit the uninterrupted run's. Negative control: the same fault
-with communicators that cannot be aborted (``FT_FAKE_BLOCKING_ABORT=off``): the survivors never learn of the loss,
-the replacement cannot join, and the job ends in ``ttp``'s dump (committed, bit for bit Megatron's save of step 2)."""
+Rank 1 killed in step 3. The survivors' collectives with it do not fail by themselves, and a copy of state to the
+host waits behind them, as on a device's stream (the test backend's stand-in stream).
+- ``recover``: the launcher's word of the loss (the replacement it starts) aborts their communicators, they catch the
+  abort as they catch gloo's error, and the replacement joins in place: the final save is bit for bit the
+  uninterrupted run's.
+- ``ttp`` alone: torchrun ends the blocked survivors with SIGTERM; the dump aborts their communicators before it reads
+  any state, and commits, bit for bit Megatron's save of step 2.
+Negative control: the same fault with communicators that cannot be aborted (``FT_FAKE_BLOCKING_ABORT=off``): the
+survivors never learn of the loss, the replacement cannot join, and the dump waits behind the blocked collective until
+the grace runs out: nothing is committed."""
 
 from __future__ import annotations
 
@@ -26,12 +31,17 @@ TIMEOUT = 20  # recover's bound in the negative control, where nothing comes
 
 
 def _run(workdir: Path, **env: str) -> Job:
-    return run_supervised(workdir, DP4, "--save-interval", "100", **BLOCKING, **env)
+    return run_supervised(workdir, DP4, "--save-interval", "100", **{**BLOCKING, **env})
 
 
 @pytest.fixture(scope="module")
 def recovered(tmp_path_factory: pytest.TempPathFactory) -> Job:
     return _run(tmp_path_factory.mktemp("blocking_recovered"))
+
+
+@pytest.fixture(scope="module")
+def dumped(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    return _run(tmp_path_factory.mktemp("blocking_dumped"), FT_PLUGINS="ttp")
 
 
 @pytest.fixture(scope="module")
@@ -60,17 +70,30 @@ def test_the_launchers_word_aborts_the_survivors_and_the_lost_rank_is_replaced_i
     assert same_as_reference(recovered, dp4_reference, ITERS) == []  # model, optimizer, scheduler, RNG, counters
 
 
-def test_without_the_abort_the_survivors_never_learn_of_the_loss_and_the_dump_ends_the_job(
-        unaborted: Job, dp4_reference: Job) -> None:
+def _aborted_for_the_dump(job: Job, survivor: int) -> list[str]:
+    return [line for line in job.lines(f"[ft_plugins.torch rank {survivor}] WARNING aborted this rank's")
+            if line.endswith("(ttp's dump: SIGTERM)")]
+
+
+def test_the_dump_aborts_the_blocked_survivors_first_and_commits_the_last_completed_step(
+        dumped: Job, dp4_reference: Job) -> None:
+    assert dumped.returncode != 0
+    assert not dumped.lines("caught"), "no survivor's collective failed by itself"
+    for survivor in (0, 2, 3):
+        assert _aborted_for_the_dump(dumped, survivor), survivor
+    assert dumped.tracker() == str(KILLED), dumped.output[-4000:]
+    assert dumped.lines(f"dumped mp_rank_00 of iteration {KILLED} in")
+    assert (dumped.iteration(KILLED) / "ft_manifest.json").is_file()
+    assert same_as_reference(dumped, dp4_reference, KILLED) == []  # model, optimizer, scheduler, RNG, counters
+
+
+def test_without_the_abort_the_survivors_never_learn_of_the_loss_and_the_dump_never_commits(unaborted: Job) -> None:
     assert unaborted.returncode != 0
     assert not unaborted.lines("caught"), "no survivor's collective failed by itself"
-    for survivor in (0, 2, 3):  # the dump tries to abort before it reads any state
-        assert unaborted.lines(f"[ft_plugins.torch rank {survivor}] WARNING aborted this rank's"), survivor
-        assert [line for line in unaborted.lines(f"[ft_plugins.torch rank {survivor}] WARNING aborted this rank's")
-                if line.endswith("(ttp's dump: SIGTERM)")], survivor
+    for survivor in (0, 2, 3):  # the dump tries to abort before it reads any state: nothing happens
+        assert _aborted_for_the_dump(unaborted, survivor), survivor
     assert unaborted.lines(f"replacement of rank 1 cannot join: the survivors' standings did not come within {TIMEOUT}")
     assert not unaborted.lines("every rank stands at step")
-    assert unaborted.tracker() == str(KILLED), unaborted.output[-4000:]
-    assert unaborted.lines(f"dumped mp_rank_00 of iteration {KILLED} in")
-    assert (unaborted.iteration(KILLED) / "ft_manifest.json").is_file()
-    assert same_as_reference(unaborted, dp4_reference, KILLED) == []
+    assert not unaborted.lines("dumped"), "a copy of state waits behind the blocked collective"
+    assert unaborted.tracker() is None
+    assert not list(unaborted.save.rglob("ft_manifest.json")), "nothing committed"
