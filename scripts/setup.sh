@@ -21,23 +21,23 @@ fi
 STAMP="$VENV/.ft_plugins_setup"
 MEGATRON_PIN=megatron-core==0.17.1
 want="$( (cat scripts/requirements.txt; echo "$MEGATRON_PIN") | sha256sum | cut -d' ' -f1)"
+# The parts below download and build at once, each in a process of its own (their downloads overlap): the releases
+# installed beside the pinned environment, the real TaskD, and the pinned environment itself where it changed.
+parts=(releases_beside real_taskd)
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]; then
   echo "setting up $VENV (first run takes a few minutes)..."
   "$PYTHON" -m venv "$VENV"
+  parts+=(pinned_environment)
 fi
-# The three parts below download and build at once, each in a process of its own (their downloads overlap):
-# the pinned environment, the releases installed beside it, and the real TaskD.
 pinned_environment() {
-  if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]; then
-    "$VENV/bin/pip" install -q --disable-pip-version-check -r scripts/requirements.txt
-    # megatron-core 0.17.x is the release that ships megatron/training; PyPI marks it Python >= 3.12,
-    # but its files run on 3.11, so it is installed without its metadata check.
-    "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --ignore-requires-python \
-      --python-version 3.12 --only-binary=:all: --upgrade \
-      --target "$VENV/lib/python3.11/site-packages" "$MEGATRON_PIN"
-    echo "$want" > "$STAMP"
-    echo "installed the pinned environment (scripts/requirements.txt, $MEGATRON_PIN) in $VENV"
-  fi
+  "$VENV/bin/pip" install -q --disable-pip-version-check -r scripts/requirements.txt
+  # megatron-core 0.17.x is the release that ships megatron/training; PyPI marks it Python >= 3.12,
+  # but its files run on 3.11, so it is installed without its metadata check.
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --ignore-requires-python \
+    --python-version 3.12 --only-binary=:all: --upgrade \
+    --target "$VENV/lib/python3.11/site-packages" "$MEGATRON_PIN"
+  echo "$want" > "$STAMP"
+  echo "installed the pinned environment (scripts/requirements.txt, $MEGATRON_PIN) in $VENV"
 }
 # install_beside DIR PIP_ARGS...: a newer release installed into DIR beside the pinned one, never on sys.path
 # unless a test puts it there, its dependencies the pinned environment's (--no-deps); again only when what it is
@@ -143,7 +143,6 @@ real_taskd() {
     echo "built the real TaskD (libtaskd.so) in $REAL_TASKD: $((SECONDS - started)) s"
   fi
 }
-parts=(pinned_environment releases_beside real_taskd)
 pids=()
 for part in "${parts[@]}"; do
   ( set -euo pipefail; "$part" ) > "$VENV/setup-$part.log" 2>&1 &

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from support import FAKES, path_first
-from ttp_runs import DP4, ITERS, Job, run_supervised, same_as_reference
+from ttp_runs import DP4, ITERS, Job, committed_dump, run_supervised, same_as_reference
 
 KILLED = 2  # rank 1 killed in forward after 2 completed steps
 BLOCKING = {"FT_PLUGINS": "ttp,recover", "FT_PLUGINS_INJECT_FAULT": f"rank=1,step={KILLED},kind=kill",
@@ -77,13 +77,10 @@ def _aborted_for_the_dump(job: Job, survivor: int) -> list[str]:
 
 def test_the_dump_aborts_the_blocked_survivors_first_and_commits_the_last_completed_step(
         dumped: Job, dp4_reference: Job) -> None:
-    assert dumped.returncode != 0
     assert not dumped.lines("caught"), "no survivor's collective failed by itself"
     for survivor in (0, 2, 3):
         assert _aborted_for_the_dump(dumped, survivor), survivor
-    assert dumped.tracker() == str(KILLED), dumped.output[-4000:]
-    assert dumped.lines(f"dumped mp_rank_00 of iteration {KILLED} in")
-    assert (dumped.iteration(KILLED) / "ft_manifest.json").is_file()
+    committed_dump(dumped, KILLED)  # the job ended, tracker, manifest, `ckpt verify`, one writer of the shard
     assert same_as_reference(dumped, dp4_reference, KILLED) == []  # model, optimizer, scheduler, RNG, counters
 
 

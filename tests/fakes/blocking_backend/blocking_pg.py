@@ -10,9 +10,9 @@ for data that never comes. ``abort()`` fails every pending and later collective 
 ``DistBackendError``, as an aborted NCCL communicator does. ``FT_FAKE_BLOCKING_ABORT=off`` makes ``abort()`` do
 nothing (the negative control: a communicator that cannot be aborted).
 
-:data:`STREAM` stands in for the device's stream: a copy of state to the host waits behind every collective enqueued
-before it, as a device-to-host copy queued behind a blocked collective kernel does (``sitecustomize.py`` puts torch's
-archive writer behind it); an abort, which fails the collectives, releases it.
+:func:`synchronize` stands in for the device's stream: a copy of state to the host waits behind every collective
+sent before it, as a device-to-host copy queued behind a blocked collective kernel does (``sitecustomize.py`` puts
+torch's archive writer behind it); an abort, which fails the collectives, releases it.
 """
 
 from __future__ import annotations
@@ -134,32 +134,6 @@ class Work(dist.Work):
         return future
 
 
-class Stream:
-    """The process's stand-in device stream: the collectives in the order they were enqueued, and copies behind them."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.works: list[Work] = []
-
-    def enqueue(self, work: Work) -> None:
-        with self.lock:
-            self.works = [queued for queued in self.works if not queued.done.is_set()] + [work]
-
-    def synchronize(self, what: str) -> None:
-        """Wait until every collective enqueued so far finished or failed (an abort fails them); past a group's
-        timeout, where NCCL's watchdog would end the process, ``what`` fails."""
-        with self.lock:
-            queued = list(self.works)
-        for work in queued:
-            bound = work.group.timeout.total_seconds()
-            if not work.done.wait(bound):
-                raise dist.DistBackendError(f"{NAME}: {what} waited {bound:.0f} s behind a collective of group "
-                                            f"{work.group.gid} that never finished")
-
-
-STREAM = Stream()
-
-
 class Child:
     """The process's one child, which runs every group's gloo; replies are read by a thread of their own."""
 
@@ -216,6 +190,19 @@ class Child:
                     work.finish([unpack(packed) for packed in message[2]], None)
 
 
+def synchronize(what: str) -> None:
+    """The stand-in device stream: wait until every collective this process sent to its child finished or failed
+    (an abort fails them); past a group's timeout, where NCCL's watchdog would end the process, ``what`` fails."""
+    child = Child._instance
+    if child is None or child.pid != os.getpid():
+        return  # no collective of this backend in this process
+    for work in list(child.pending.values()):
+        bound = work.group.timeout.total_seconds()
+        if not work.done.wait(bound):
+            raise dist.DistBackendError(f"{NAME}: {what} waited {bound:.0f} s behind a collective of group "
+                                        f"{work.group.gid} that never finished")
+
+
 class BlockingGroup(dist.ProcessGroup):
     """One group of the ``blocking`` backend."""
 
@@ -257,7 +244,6 @@ class BlockingGroup(dist.ProcessGroup):
             work.finish(None, f"{NAME}: group {self.gid}'s communicator was aborted")
             return work
         self.works = {pending for pending in self.works if not pending.done.is_set()} | {work}
-        STREAM.enqueue(work)
         self.child.run(work, self.gid, method, payload)
         return work
 

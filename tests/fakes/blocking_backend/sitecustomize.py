@@ -1,9 +1,9 @@
 """Put this folder first on a job's ``PYTHONPATH`` with ``FT_FAKE_BLOCKING=1``: the job's default group runs on the
 ``blocking`` backend (:mod:`blocking_pg`, NCCL's semantics on CPU) where it asks for gloo, as a CUDA job's default
-group is NCCL; groups made with ``backend="gloo"`` by name (Megatron's gloo groups) stay gloo, as they do there.
-The copy of state to the host, torch's archive writer (``torch.serialization._save``, under ``torch.save`` and
-ft_plugins' own writer alike), waits behind the collectives enqueued before it (:data:`blocking_pg.STREAM`), as a
-device-to-host copy on the device's stream does."""
+group is NCCL; groups made with ``backend="gloo"`` by name (Megatron's gloo groups) stay gloo, as they do there. The
+copy of state to the host, torch's archive writer (``torch.serialization._save``, under ``torch.save`` and
+ft_plugins' own writer alike), waits behind the collectives enqueued before it (:func:`blocking_pg.synchronize`), as
+a device-to-host copy on the device's stream does."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def _install(module) -> None:
 def _behind_the_stream(wrapped, _instance, args, kwargs):
     import blocking_pg
 
-    blocking_pg.STREAM.synchronize("a copy of state to the host (torch's archive writer)")
+    blocking_pg.synchronize("a copy of state to the host (torch's archive writer)")
     return wrapped(*args, **kwargs)
 
 
