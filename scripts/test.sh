@@ -21,7 +21,7 @@ FAST=(
   tests/hf/test_rng.py tests/hf/test_rng_files.py tests/mindspore/test_step_hook.py tests/checkpoint/test_verdicts.py
   tests/launch/test_k8s.py tests/launch/test_k8s_fuzz.py tests/launch/test_doctor.py tests/launch/test_manager_env.py
   tests/launch/test_spares.py tests/launch/test_replacement_logs.py tests/launch/test_capture_race.py
-  tests/launch/test_node_loss.py
+  tests/launch/test_node_loss.py tests/launch/test_scratch.py
   tests/patch/test_codemod.py tests/patch/test_patch_engine.py
   tests/patch/test_patch_revert_safety.py tests/torch_plugin/test_saving.py tests/torch_plugin/test_backend_note.py
 )

@@ -76,13 +76,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _reports() -> str:
     """A directory msrun's workers report what their dump needs to (their grace follows it); removed at exit."""
-    import atexit
-    import shutil
-    import tempfile
+    from ft_plugins.launch.scratch import owned_directory
 
-    directory = tempfile.mkdtemp(prefix="ft_plugins-grace-")
-    atexit.register(shutil.rmtree, directory, True)
-    return directory
+    return owned_directory("ft_plugins-grace-")
 
 
 # what `run` cannot take as flags: the job id and the counts come from the environment or the launcher's own flags

@@ -14,12 +14,9 @@ restart, and no replacement. :class:`Watchdog` itself knows no launcher: msrun's
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
-import shutil
 import signal
-import tempfile
 import time
 from typing import Any, Callable, Mapping
 
@@ -28,6 +25,7 @@ from ft_plugins.config import PROGRESS_VAR
 from ft_plugins.features.hangs import Bounds
 from ft_plugins.launch.process import wait_gone
 from ft_plugins.launch.node_counts import NodeCounts
+from ft_plugins.launch.scratch import owned_directory
 from ft_plugins.launch.stalls import (ALL, HANG, Verdict, Watch, ahead, fewest, judge, main_frames, overdue, stuck,
                                      waits_on_peers)
 
@@ -247,8 +245,7 @@ def _failed(worker_group: Any, context: Any) -> Any:
 
 def prepare() -> str:
     """The job's progress directory, exported to the workers this launcher starts; removed when it exits."""
-    directory = tempfile.mkdtemp(prefix="ft_plugins-progress-")
-    atexit.register(shutil.rmtree, directory, True)
+    directory = owned_directory("ft_plugins-progress-")
     os.environ[PROGRESS_VAR] = directory
     return directory
 
