@@ -75,6 +75,14 @@ def parse_seconds(raw: str) -> float:
     return value
 
 
+def parse_seconds_or_off(raw: str) -> float:
+    """Seconds >= 0, where 0 turns the wait it bounds off."""
+    value = float(raw)
+    if not value >= 0:  # NaN too
+        raise ValueError("expected a number of seconds >= 0 (0: off)")
+    return value
+
+
 def grace_max(env: Mapping[str, str]) -> float:
     """``FT_PLUGINS_GRACE_MAX`` in seconds (:data:`GRACE_MAX` when unset); ConfigError naming it when malformed."""
     raw = env.get(GRACE_MAX_VAR)

@@ -1,10 +1,13 @@
 """Fault injection for fire drills: ``FT_PLUGINS_INJECT_FAULT`` makes a worker fail on purpose.
 
-``rank=R,step=N,kind=kill|term|exception|exit|hang|stuck|slow[,at=forward|update|save|join|regroup|data|collective]``
+``rank=R,step=N,kind=kill|term|exception|exit|hang|stuck|slow``
+``[,at=forward|update|save|join|regroup|data|collective|device]``
 ``[,attempt=A][,life=L][,seconds=S]``; ``hang`` blocks for good, ``stuck`` too and ignores SIGTERM besides (a
 process in a driver call: only SIGKILL ends it), ``slow`` pauses ``S`` seconds (default 10) and goes on.
 ``at=data`` fires as the step asks for its first batch, ``at=collective`` blocks in a collective no peer
-enters (with ``hang`` or ``stuck``);
+enters (with ``hang`` or ``stuck``), ``at=device`` as the step starts, after a kernel that runs ``S`` seconds
+is queued on the device's current stream (CUDA: what a collective blocked on a lost peer is to the device;
+``term`` then shows what a dump does behind it);
 several faults are separated by ``;``. ``step=N`` is the step that starts after N completed steps (the one whose
 profiler range is ``step N``), so a dump that loses nothing holds iteration N. A fault fires once
 per job: on launcher attempt ``A`` only (default 0; torchrun's ``TORCHELASTIC_RESTART_COUNT``),
@@ -35,7 +38,7 @@ log = logging.getLogger("ft_plugins.faults")
 KINDS = ("kill", "term", "exception", "exit", "hang", "stuck", "slow")
 KEYS = ("rank", "step", "kind", "at", "attempt", "life", "seconds")
 SLOW = 10  # seconds a ``slow`` fault lasts unless ``seconds=`` says
-POINTS = ("forward", "update", "save", "join", "regroup", "data", "collective")
+POINTS = ("forward", "update", "save", "join", "regroup", "data", "collective", "device")
 EXAMPLE = "rank=1,step=3,kind=kill,at=forward"
 # what each kind is in the job's events (``slow`` is no fault)
 FAULT_KINDS = {"kill": "death", "term": "signal", "exception": "exception", "exit": "exception", "hang": "hang",
@@ -142,12 +145,15 @@ class Drill:
         """Whether a fault is planned at ``point`` in ``step``."""
         return any(fault.at == point and fault.step == step for fault in self._faults())
 
-    def reached(self, point: str, step: int | None = None, block: Callable[[], object] | None = None) -> None:
+    def reached(self, point: str, step: int | None = None, block: Callable[[], object] | None = None,
+                before: Callable[[Fault], object] | None = None) -> None:
         """Fire every planned fault at ``point`` (and ``step``, unless None: ``join`` has no step); a hang
-        blocks in ``block`` when given."""
+        blocks in ``block`` when given; ``before(fault)`` runs first (what the point sets up)."""
         for fault in list(self._faults()):
             if fault.at == point and (step is None or fault.step == step):
                 self._faults().remove(fault)
+                if before is not None:
+                    before(fault)
                 log.warning("firing injected fault %s", fault)
                 events.emit("fault", rank=fault.rank, kind=FAULT_KINDS.get(fault.kind), completed=fault.step,
                             section=point, noticed="injected")

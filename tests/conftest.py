@@ -15,6 +15,8 @@ import pytest
 from support import vendor_modules_isolated
 
 pytest_plugins = ("skips_fail_in_ci",)
+# the checks that need a GPU (tests/gpu/README.md): collected only where asked for, on a machine that has one
+collect_ignore = [] if os.environ.get("GPU_CHECKS") == "1" else ["gpu"]
 
 # Modules that share a session-scoped run (their reference run) go to one pytest worker, so that the
 # run is made once (``scripts/test.sh`` runs two workers); every other module is a group of its own, its

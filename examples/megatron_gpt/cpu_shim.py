@@ -131,8 +131,14 @@ def _eager(model=None, **_options):
 
 
 def install() -> None:
-    """Idempotent: patch torch.cuda and enter the device-mapping mode for this process."""
+    """Idempotent: patch torch.cuda and enter the device-mapping mode for this process. Where CUDA is there, nothing
+    is mapped: only Megatron's dataset index helpers are not built (the example's samples do not use them)."""
     if getattr(torch.cuda, "_cpu_shim", False):
+        return
+    if torch.cuda.is_available():
+        import megatron.core.datasets.utils as dataset_utils
+
+        dataset_utils.compile_helpers = lambda: None
         return
     cuda = torch.cuda
     cuda._cpu_shim = True

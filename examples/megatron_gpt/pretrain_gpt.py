@@ -96,9 +96,9 @@ def forward_step(data_iterator, model):
     batch = next(data_iterator)
     if model.training:  # a training step's samples, not an evaluation's
         log_samples(batch["index"])
-    tokens = batch["tokens"]
+    tokens = batch["tokens"] if getattr(torch.cuda, "_cpu_shim", False) else batch["tokens"].cuda()  # a real GPU
     inputs, labels = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-    position_ids = torch.arange(inputs.shape[1]).unsqueeze(0).expand_as(inputs)
+    position_ids = torch.arange(inputs.shape[1], device=inputs.device).unsqueeze(0).expand_as(inputs)
     loss_mask = torch.ones_like(labels, dtype=torch.float)
     output = model(inputs, position_ids, None, labels=labels)
     return output, lambda out: loss_func(loss_mask, out)

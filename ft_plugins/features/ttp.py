@@ -21,7 +21,7 @@ import os
 import sys
 from typing import Mapping, Sequence
 
-from ft_plugins.config import Option, parse_positive_int
+from ft_plugins.config import Option, parse_positive_int, parse_seconds_or_off
 from ft_plugins.features.base import Feature
 from ft_plugins.vendors import VendorUnavailable
 from ft_plugins.vendors.mindio import (DEFAULT_PORT, TFT_EXAMPLE, TFT_VAR, endpoint, load_framework_api,
@@ -67,6 +67,9 @@ class Ttp(Feature):
         Option("port", 0, f"PyTorch MindIO engine: controller port (default: TTP_PORT, else {DEFAULT_PORT})",
                parse_positive_int),
         Option("tls_info", "", "PyTorch MindIO engine: MindIO's TLS settings; TLS stays off while empty"),
+        Option("device_wait", 30.0, "PyTorch on a GPU or NPU: seconds the dump waits for the device to finish the "
+               "last completed step's work, then copies it on a stream of its own (not behind a blocked "
+               "collective); 0: copies on the current stream, as torch.save does", parse_seconds_or_off),
     )
 
     def start(self) -> str:

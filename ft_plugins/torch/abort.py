@@ -54,7 +54,7 @@ def abort_blocking(why: str) -> int:
               if blocks(str(backend))]
     if any("hccl" in backend.lower() for _, backend in groups):
         _stop_npu(why)
-    aborted = 0
+    aborted, started = 0, time.monotonic()
     for group, backend in groups:
         try:
             group.abort()
@@ -62,7 +62,8 @@ def abort_blocking(why: str) -> int:
         except Exception as exc:
             log.warning("a %s group not aborted (%s): %s: %s", backend, why, type(exc).__name__, exc)
     if aborted:
-        log.warning("aborted this rank's %d communicator%s (%s)", aborted, "s" if aborted > 1 else "", why)
+        log.warning("aborted this rank's %d communicator%s (%s) in %.2f s", aborted, "s" if aborted > 1 else "", why,
+                    time.monotonic() - started)
     return aborted
 
 

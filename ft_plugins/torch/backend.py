@@ -32,7 +32,8 @@ def blocking_note(backend: str, features: str) -> str | None:
     return (f"{features} on {name.upper()}: a collective whose peer is lost blocks there until {until} instead of "
             f"failing at once as on gloo; this rank's communicators are aborted when the launcher reports a lost "
             f"worker or node (a node once torchrun's rendezvous misses its keep-alives, 15 s by default) and before a "
-            f"dump; not verified on {name.upper()} itself (docs/verified.md, 'Per communication backend')")
+            f"dump, which copies the last completed step on a stream of its own; not verified on {name.upper()} with "
+            f"a lost peer (docs/verified.md, 'Per communication backend')")
 
 
 class BackendNote:

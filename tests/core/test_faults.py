@@ -45,3 +45,22 @@ def test_the_variable_is_not_an_unknown_option() -> None:
 def test_exception_kind_raises() -> None:
     with pytest.raises(InjectedFault, match="rank=0,step=2,kind=exception"):
         fire(Fault(0, 2, "exception"))
+
+
+def test_a_device_fault_sets_its_point_up_before_it_fires(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``at=device`` (a kernel stuck on the CUDA stream first, then the fault): ``before`` runs, then the fault."""
+    from ft_plugins.faults import Drill
+
+    assert parse_faults("rank=0,step=3,kind=term,at=device,seconds=120") == (
+        Fault(0, 3, "term", "device", seconds=120),)
+    monkeypatch.setenv("FT_PLUGINS_INJECT_FAULT", "rank=0,step=3,kind=exception,at=device,seconds=7")
+    order: list[str] = []
+    drill = Drill()
+    drill.reached("device", 2, before=lambda fault: order.append(f"kernel {fault.seconds} s"))
+    assert order == [], "not its step"
+    with pytest.raises(InjectedFault):
+        drill.reached("device", 3, before=lambda fault: order.append(f"kernel {fault.seconds} s"))
+    assert order == ["kernel 7 s"]
+    drill.reached("device", 3, before=lambda fault: order.append("again"))
+    assert order == ["kernel 7 s"], "a fault fires once"
+

@@ -395,7 +395,7 @@ def test_a_survivor_whose_groups_are_being_built_again_writes_nothing_and_says_w
     monkeypatch.setattr(dump, "megatron_args", lambda: SimpleNamespace(save=str(tmp_path),
                                                                       use_distributed_optimizer=False))
     monkeypatch.setattr(dump, "_shards", torn_down)
-    writer = dump.MegatronDump(SimpleNamespace(settings={"save_dir": None}))
+    writer = dump.MegatronDump(SimpleNamespace(settings={"save_dir": None, "device_wait": 30.0}))
     step = dump.MegatronStep(None, None, None, 8, 4, 2, None)
     frozen = Frozen(FORWARD, 2, False, step, False)
     monkeypatch.setattr(Regroup, "_unbuilt", True)

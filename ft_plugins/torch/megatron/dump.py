@@ -33,6 +33,7 @@ from ft_plugins.rank import global_rank
 from ft_plugins.steps import FORWARD, UPDATED, Frozen
 from ft_plugins.torch import saving
 from ft_plugins.torch.abort import abort_for_dump
+from ft_plugins.torch.device import DeviceMarks
 from ft_plugins.torch.megatron.regroup import Regroup, real_twins
 from ft_plugins.torch.megatron.state import (RESUMES_TORCH_FORMAT, megatron, megatron_args, rng_state, saved_state,
                                              sharded_optimizers)
@@ -66,6 +67,7 @@ class MegatronDump:
         self._loaded = (0, 0.0)  # (consumed samples, floating point operations) the run started from
         self._grace_warned = False
         self._refusal: str | None = None
+        self.marks = DeviceMarks()  # the step boundaries on the device: the dump copies behind the latest
 
     def refused(self, engine: str) -> bool:
         """Whether this run is one the dump cannot serve (said once in the log)."""
@@ -157,7 +159,8 @@ class MegatronDump:
                 if frozen is not None and distributed_optimizer():
                     instance_state(frozen.payload.optimizer, -1)  # the instance's others learn it, write nothing
             else:
-                self._write(reason, started, *self.snapshot(frozen), commit=commit)
+                with self.marks.side_stream(self.feature.settings["device_wait"]):
+                    self._write(reason, started, *self.snapshot(frozen), commit=commit)
         except Exception as exc:  # never a half-committed dump: the commit checks every part
             log.error("ttp: dump failed: %s: %s", type(exc).__name__, exc)
 

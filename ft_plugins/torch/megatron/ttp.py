@@ -64,6 +64,7 @@ class MegatronTtp:
         iteration = current_iteration(args, kwargs)
         if self.mindio is None:
             self.gasp.watch_sigterm()
+        self.writer.marks.mark()  # what the device runs before it is the last completed step's
         self.tracker.begin(iteration, self.writer.step(args, kwargs))
         try:
             result = wrapped(*args, **kwargs)
@@ -80,6 +81,8 @@ class MegatronTtp:
 
     def update(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         def call() -> Any:
-            return wrapped(*args, **kwargs)
+            result = wrapped(*args, **kwargs)
+            self.writer.marks.mark()  # inside the update's bracket: no dump of its step copies before the device ran it
+            return result
 
         return self.mindio.update(call) if self.mindio is not None else self.tracker.update(call)
