@@ -10,7 +10,7 @@ scandir, listdir) sleeps --delay ms and is counted (``bench_ckpt_scale.py``'s st
 Now one writer commits (the last counted on torchrun's store); before, every writer tried as it finished, the i-th
 reading the i records there: N·(N + 1)/2 record reads in all, inside the launcher's grace. Printed per N: the
 operations of one check and of the commit, the commit's time as the committer sees it, and the operations in all
-now and before (counted from the check's own operations per record).
+now and before (counted from the check's own operations per record), and the bytes of the records the commit reads.
 
     python benchmarks/bench_dump_commit.py [--shards 512 1024 10240] [--delay 1]
 """
@@ -74,11 +74,14 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="ft_dump_commit_") as temporary:
             save = Path(temporary)
             build(save, shards)
+            recorded = sum(path.stat().st_size for pattern in ("*/*/ft_part.json", "*/ft_layout-*.json")
+                           for path in save.glob(pattern))
             check = run_child(save, options.delay, "check")
             commit = run_child(save, options.delay, "commit")
         per_record = sum(check["ops"].values()) / shards
         before = per_record * shards * (shards + 1) / 2 + sum(commit["ops"].values()) - sum(check["ops"].values())
         print(f"{shards} shards, {options.delay:g} ms per metadata operation:")
+        print(f"  the records and the run's list of shards: {recorded / 1e6:.2f} MB in all")
         print(f"  one check {sum(check['ops'].values())} operations ({check['seconds']:.2f} s); the commit "
               f"{sum(commit['ops'].values())} operations, {commit['seconds']:.2f} s as the committer sees it")
         print(f"  in all: now {sum(commit['ops'].values())} operations (one committer); before about {before:,.0f} "

@@ -5,8 +5,10 @@ A dump of iteration K is written by the survivors, one writer per shard, into
 Each writer writes its files in a staging folder of its own under their final names (``torch.save`` names its
 archive after the file, so a dump's file is Megatron's save's byte for byte; the folder is removed after the commit,
 :func:`clear_staging`), moves them into place, then writes the part record ``<shard>/ft_part.json`` (which shard,
-which K, every shard of the run, who wrote it, which files): a part without a record is one whose writer was
-killed mid-write.
+which K, the run's layout, who wrote it, which files): a part without a record is one whose writer was
+killed mid-write. The layout, every shard of the run, is written once beside the shards
+(``ft_layout-<digest>.json``, before any record that names it) and each record holds its digest: a commit reads
+one list, not one per shard (at 10,240 shards the records held 1.7 GB of names).
 
 Commit (:func:`commit_dump`) = coverage check (every shard of the run has a part, every part is of
 K) + rename to ``iter_{K:07d}`` + commit manifest + atomic tracker update. It is idempotent and
@@ -27,6 +29,7 @@ passes over for the newest intact checkpoint.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -40,6 +43,7 @@ from ft_plugins.checkpoint.naming import ITERATION_DIR, advance_tracker, dump_di
 from ft_plugins.checkpoint.parallel import each
 
 PART_RECORD = "ft_part.json"
+LAYOUT_PREFIX = "ft_layout-"  # + the layout's digest + .json: every shard of the run, beside the shards
 STAGING_PREFIX = ".ft_partial-"  # + the writer's rank: its files while written, in the shard directory
 
 
@@ -53,6 +57,16 @@ class Part:
     writer: int  # global rank of the writer
     files: tuple[str, ...] = ()  # what the part holds, each checked before a commit
     attempt: str = ""  # the dump it belongs to, the same for every writer of one dump (none: an older record)
+    layout: str = ""  # the digest of ``shards``, what a record holds in their place (read back: shards empty)
+
+    def __post_init__(self) -> None:
+        if self.shards and not self.layout:
+            object.__setattr__(self, "layout", layout_digest(self.shards))
+
+
+def layout_digest(shards: Iterable[str]) -> str:
+    """The name of a run's layout: the same shards in the same order, the same digest."""
+    return hashlib.sha256("\n".join(shards).encode()).hexdigest()[:32]
 
 
 @dataclass
@@ -84,8 +98,14 @@ def write_part(save_dir: str, part: Part, writes: Mapping[str, Callable[[str], N
         write(temporary)
         written += os.path.getsize(temporary)
         os.replace(temporary, target)
+    layout = os.path.join(dump_dir(save_dir, part.iteration), f"{LAYOUT_PREFIX}{part.layout}.json")
+    if not os.path.exists(layout):  # the first writers of the dump write it, whole or not at all
+        with atomic_file(layout, durable=False) as handle:
+            json.dump(list(part.shards), handle)
+    record = {**asdict(part), "files": list(writes)}
+    del record["shards"]
     with atomic_file(os.path.join(directory, PART_RECORD), durable=False) as handle:
-        json.dump({**asdict(part), "files": list(writes)}, handle)
+        json.dump(record, handle)
     return written
 
 
@@ -101,16 +121,32 @@ def clear_staging(save_dir: str, part: Part) -> None:
 
 
 def read_part(shard_dir: str) -> Part | None:
-    """The record of one shard directory; None when there is none (never written, or writer killed)."""
+    """The record of one shard directory; None when there is none (never written, or writer killed). Its shards are
+    those of an older record, which listed them; a record now names its layout only (:func:`read_layout`)."""
     try:
         with open(os.path.join(shard_dir, PART_RECORD), "rb") as handle:
             data = json.loads(handle.read())
-        return Part(str(data["shard"]), int(data["iteration"]), tuple(data["shards"]), int(data["writer"]),
-                    tuple(str(name) for name in data.get("files", ())), str(data.get("attempt", "")))
+        shards = tuple(str(name) for name in data.get("shards", ()))
+        return Part(str(data["shard"]), int(data["iteration"]), shards, int(data["writer"]),
+                    tuple(str(name) for name in data.get("files", ())), str(data.get("attempt", "")),
+                    "" if shards else str(data["layout"]))
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def read_layout(directory: str, layout: str) -> tuple[str, ...] | None:
+    """Every shard of the run whose layout is ``layout``, as its first writers wrote it in the dump ``directory``;
+    None when it is not there (or not a list of names)."""
+    try:
+        with open(os.path.join(directory, f"{LAYOUT_PREFIX}{layout}.json"), "rb") as handle:
+            shards = json.loads(handle.read())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(shards, list) or not all(isinstance(name, str) for name in shards):
+        return None
+    return tuple(shards) if layout_digest(shards) == layout else None
 
 
 def uncovered(expected: Iterable[str], holders: Mapping[str, Iterable[int]]) -> list[str]:
@@ -136,9 +172,9 @@ def dump_problems(directory: str) -> list[str]:
         return [f"cannot be listed ({exc.strerror})"]
     problems = []
     holders: dict[str, list[int]] = {}
-    expected: set[str] = set()
     attempts: dict[str, list[str]] = {}
-    layouts: set[tuple[str, ...]] = set()
+    layouts: dict[str, list[str]] = {}  # each layout's digest: the shards whose parts name it
+    listed: dict[str, tuple[str, ...]] = {}  # each layout's shards, as older records list them
     # each shard's record and files side by side where the file system makes each wait (a shard per writer)
     for shard, (part, problem) in zip(shard_dirs, each(lambda shard: _judged(directory, iteration, shard),
                                                        shard_dirs)):
@@ -146,15 +182,26 @@ def dump_problems(directory: str) -> list[str]:
             problems.append(problem)
         else:
             holders.setdefault(shard, []).append(part.writer)
-            expected.update(part.shards)
             attempts.setdefault(part.attempt, []).append(shard)
-            layouts.add(part.shards)
+            layouts.setdefault(part.layout, []).append(shard)
+            if part.shards:
+                listed[part.layout] = part.shards
+    expected: set[str] = set()
+    for layout, named_by in layouts.items():
+        shards = listed.get(layout) or read_layout(directory, layout)
+        if shards is None:
+            problems.append(f"{', '.join(named_by)}: the run's shards ({LAYOUT_PREFIX}{layout}.json) missing")
+        else:
+            expected.update(shards)
+            listed[layout] = shards
     if len(attempts) > 1:
         problems.append("parts of different dumps of the step (" + "; ".join(
             f"{', '.join(shards)} of {attempt or 'an unnamed one'}" for attempt, shards in sorted(attempts.items()))
             + "): an earlier attempt's parts are never committed with a later one's")
     if len(layouts) > 1:
-        problems.append(f"parts of different layouts ({' / '.join(', '.join(layout) for layout in sorted(layouts))})")
+        problems.append("parts of different layouts (" + "; ".join(
+            f"{', '.join(named_by)} of a run of {_shards(listed.get(layout))}"
+            for layout, named_by in sorted(layouts.items(), key=lambda item: item[1])) + ")")
     if not holders and not problems:
         problems.append("no parts written")
     missing = uncovered(expected, holders)
@@ -165,6 +212,12 @@ def dump_problems(directory: str) -> list[str]:
         problems.append(f"iter_{iteration:07d} already exists (a periodic save of the same step, maybe "
                         "half-written): the dump is not committed over it")
     return problems
+
+
+def _shards(shards: tuple[str, ...] | None) -> str:
+    if shards is None:
+        return "unknown shards"
+    return f"{len(shards)} shard{'s' if len(shards) > 1 else ''} ({shards[0]}{', ...' if len(shards) > 1 else ''})"
 
 
 def _judged(directory: str, iteration: int, shard: str) -> tuple[Part | None, str]:

@@ -50,17 +50,18 @@ class DeviceMarks:
     """The latest step boundary on the device, and the dump's stream behind it."""
 
     def __init__(self) -> None:
+        self._module: Any = None  # the device's torch module, found at the first mark that finds one
         self._event: Any = None
         self._device: int | None = None
 
     def mark(self) -> None:
         """A step boundary: an event recorded on the current stream (one record, microseconds); nothing without a
         device."""
-        module = accelerator()
-        if module is None:
-            return
         if self._event is None:
-            self._event, self._device = module.Event(), module.current_device()
+            module = accelerator()
+            if module is None:
+                return
+            self._module, self._event, self._device = module, module.Event(), module.current_device()
         self._event.record()
 
     @contextmanager
@@ -68,8 +69,8 @@ class DeviceMarks:
         """Inside: the current stream is one of the dump's own, once the device ran what was queued before the
         latest mark (waited for at most ``deadline`` seconds, else :class:`DeviceStuck`). ``deadline`` 0, no device
         or no mark yet: the current stream, as it stands."""
-        module = accelerator()
-        if module is None or self._event is None or deadline <= 0:
+        module = self._module
+        if module is None or deadline <= 0:
             yield
             return
         started = time.monotonic()

@@ -83,6 +83,18 @@ def test_the_copies_run_on_a_stream_of_their_own_once_the_boundary_is_reached(fa
     assert fake.devices == [3], "on the device the marks were recorded on, whatever thread the dump runs in"
 
 
+def test_the_device_is_looked_up_until_one_is_found_and_then_never_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two marks a step: the lookup (which asks every device module whether it is in use) only until a device is."""
+    made, found, lookups = FakeDevice(), [], []
+    monkeypatch.setattr(device, "accelerator", lambda: lookups.append(1) or (made if found else None))
+    marks = DeviceMarks()
+    marks.mark()
+    found.append(True)
+    for _ in range(3):
+        marks.mark()
+    assert len(lookups) == 2 and made.recorded == 3
+
+
 def test_a_boundary_not_reached_within_the_deadline_copies_nothing(fake: FakeDevice) -> None:
     marks = DeviceMarks()
     marks.mark()
