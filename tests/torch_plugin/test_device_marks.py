@@ -163,3 +163,31 @@ def test_the_device_drill_needs_cuda_in_use() -> None:
 
     with pytest.raises(RuntimeError, match="at=device needs a CUDA device in use"):
         _stuck_kernel(Fault(0, 3, "term", "device", seconds=5))
+
+
+def test_the_trainers_dump_copies_behind_the_marks_of_its_steps(fake: FakeDevice, monkeypatch: pytest.MonkeyPatch,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    """The Trainer's glue marks each step's start and each update (inside its bracket), and its dump writes on the
+    dump's own stream once the device reached the latest mark; a mark never reached writes nothing."""
+    from types import SimpleNamespace
+
+    from ft_plugins.torch.hf import ttp as hf_ttp
+
+    dump = hf_ttp.TrainerDump(SimpleNamespace(settings={"save_dir": None, "device_wait": 0.3}))
+    dump._refusal, dump._take_rng = "", dict  # inside a Trainer.train it serves; an empty RNG state
+    written: list[tuple[Any, int]] = []
+    monkeypatch.setattr(hf_ttp, "abort_for_dump", lambda reason: None)
+    monkeypatch.setattr(dump, "_write", lambda reason, started, at, step: written.append((fake.current, step)))
+    dump.on_event("step_begin", None, SimpleNamespace(global_step=0), None, {})
+    assert fake.recorded == 1
+    dump.update(lambda: fake.recorded, None, (), {})
+    assert fake.recorded == 2 and dump.tracker.peek().completed == 0, "the mark follows the update, inside it"
+    dump.on_event("step_end", None, SimpleNamespace(global_step=1), None, {})
+    dump.on_event("step_begin", None, SimpleNamespace(global_step=1), None, {})
+    with caplog.at_level("ERROR", logger="ft_plugins.ttp"):
+        dump.save("SIGTERM", dump.tracker.peek())
+    assert written == [] and "dump failed: DeviceStuck" in caplog.text, "the device never reached step 2's start"
+    fake.done = True
+    dump.save("SIGTERM", dump.tracker.peek())
+    assert written == [(fake.synchronized[0], 1)], "step 1 written on the dump's own stream, drained after"
+    assert fake.current == "default stream"

@@ -12,7 +12,9 @@ and optimizer, so one survivor writes them; the writer is the first to ``add`` a
 rank's RNG file is its own, taken at the end of step K as a save at K would hold it: every other survivor
 hands its file to the writer on the same store, the writer puts every file that came into the checkpoint
 before the commit, and a lost rank's as a copy of its own, said in one line (:mod:`.rng_files`: why a
-copy, how long the writer waits). FSDP and DeepSpeed shard the state: refused with one line.
+copy, how long the writer waits). FSDP and DeepSpeed shard the state: refused with one line. On a GPU or NPU the
+dump copies on a stream of its own once the device ran the step's work, as Megatron's does (:mod:`ft_plugins.torch
+.device`: a mark at each step's start and after each update).
 
 A ``checkpoint-K`` there already (the save of K the fault interrupted, or, with ``resume`` off, a complete one that
 was never committed) is replaced so that a whole one, old or new, stands at ``checkpoint-K`` at every instant: the
@@ -46,6 +48,7 @@ from ft_plugins.steps import FORWARD, IDLE, Frozen, StepTracker
 from ft_plugins.rank import global_rank
 from ft_plugins.torch import saving
 from ft_plugins.torch.abort import abort_for_dump
+from ft_plugins.torch.device import DeviceMarks
 from ft_plugins.torch.hf.agree import agree
 from ft_plugins.torch.hf.rotation import committed
 from ft_plugins.torch.hf.rng import RngState, restore
@@ -73,6 +76,7 @@ class TrainerDump:
         self.feature = feature
         self.tracker = StepTracker()
         self.gasp = DyingGasp(self.tracker, self.save)
+        self.marks = DeviceMarks()  # the step boundaries on the device: the dump copies behind the latest
         self._refusal: str | None = None
         self._rng: dict[str, Any] | None = None
         self._take_rng = RngState().take
@@ -111,7 +115,12 @@ class TrainerDump:
             raise
 
     def update(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-        return self.tracker.update(lambda: wrapped(*args, **kwargs))
+        def call() -> Any:
+            result = wrapped(*args, **kwargs)
+            self.marks.mark()  # inside the update's bracket: no dump of its step copies before the device ran it
+            return result
+
+        return self.tracker.update(call)
 
     def on_event(self, event: str, args: Any, state: Any, control: Any, kwargs: dict[str, Any]) -> None:
         if self._refusal is None or self._refusal:
@@ -119,6 +128,7 @@ class TrainerDump:
         if event == "step_begin":
             if self._rng is None:
                 self._rng = self._take_rng()
+            self.marks.mark()  # what the device runs before it is the last completed step's
             self.tracker.begin(state.global_step, _At(self._trainer, self._rng))
         elif event == "step_end":
             self.tracker.end(self._advance)
@@ -138,7 +148,8 @@ class TrainerDump:
                 log.warning("ttp: %s: nothing to dump (%s)", reason, why_not)
                 return
             assert frozen is not None
-            self._write(reason, started, frozen.payload, frozen.completed)
+            with self.marks.side_stream(self.feature.settings["device_wait"]):
+                self._write(reason, started, frozen.payload, frozen.completed)
         except Exception as exc:  # never a half-committed dump: the commit comes last
             log.error("ttp: dump failed: %s: %s", type(exc).__name__, exc)
 
