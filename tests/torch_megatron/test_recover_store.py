@@ -88,3 +88,38 @@ def test_every_rank_of_a_rebuilt_job_arrives_in_a_few_requests_and_one_missing_i
     assert len(requests) <= 5, requests  # its count, its word, then a wait, a look for abandonment, one read
     with pytest.raises(Late, match="every rank of the rebuilt job did not come within 1 s"):
         arrive(store, 5, WORLD, 1.0)  # the first of a generation whose other ranks never come
+
+
+def test_a_scale_in_brings_the_launchers_count_to_its_generation_once(store_server: TCPStore,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launchers announce a node lost on a backend that blocks at their count + 1 (``launch/node_loss.py``), and
+    the survivors of a scale-in at generation g wait at g + 1 for the next loss: the first rank going on counts g on
+    the store, once for all. Without it a second loss after a scale-in is announced at g again, where no one waits."""
+    from types import SimpleNamespace
+
+    from ft_plugins.recovery import NODES, Member
+    from ft_plugins.torch.megatron import elastic
+
+    megatron_args = SimpleNamespace(global_batch_size=6, micro_batch_size=1, data_parallel_size=4,
+                                    use_distributed_optimizer=False)
+    monkeypatch.setattr(elastic, "megatron", lambda name: SimpleNamespace(get_args=lambda: megatron_args))
+    world, generation, places = 4, 1, {}  # rank 3's node lost for good
+
+    def survivor(rank: int) -> None:
+        worker = elastic.MegatronElastic.__new__(elastic.MegatronElastic)
+        worker.store = worker.waits = agent_store_client(store_server.port)
+        worker.timeout, worker.member = 30.0, Member(rank, rank, (rank,))
+        worker.elastic = SimpleNamespace(settings={"wait": 1.0}, changes=[])
+        places[rank] = worker._scale_in(generation, rank, world)
+
+    client = agent_store_client(store_server.port)
+    for rank in range(world - 1):  # each says who it is as it catches the loss, before its wait
+        client.set(key(generation, f"member/{rank}"), Member(rank, rank, (rank,)).encode())
+    threads = [threading.Thread(target=survivor, args=(rank,)) for rank in range(world - 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert places == {0: (0, 3), 1: (1, 3), 2: (2, 3)}
+    assert client.add("generation", 0) == generation, "the next loss is announced at the generation they wait at"
+    assert client.get(NODES) == b"[0, 1, 2]", "torchrun's exit barrier waits for the nodes left"
