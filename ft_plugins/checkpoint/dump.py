@@ -8,7 +8,7 @@ archive after the file, so a dump's file is Megatron's save's byte for byte; the
 which K, the run's layout, who wrote it, which files): a part without a record is one whose writer was
 killed mid-write. The layout, every shard of the run, is written once beside the shards
 (``ft_layout-<digest>.json``, before any record that names it) and each record holds its digest: a commit reads
-one list, not one per shard (at 10,240 shards the records held 1.7 GB of names).
+one list, not one per shard (at 10,240 shards the records held 1.8 GB of names).
 
 Commit (:func:`commit_dump`) = coverage check (every shard of the run has a part, every part is of
 K) + rename to ``iter_{K:07d}`` + commit manifest + atomic tracker update. It is idempotent and
@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Mapping
@@ -44,6 +45,7 @@ from ft_plugins.checkpoint.parallel import each
 
 PART_RECORD = "ft_part.json"
 LAYOUT_PREFIX = "ft_layout-"  # + the layout's digest + .json: every shard of the run, beside the shards
+_DIGEST = re.compile("[0-9a-f]{32}")
 STAGING_PREFIX = ".ft_partial-"  # + the writer's rank: its files while written, in the shard directory
 
 
@@ -138,7 +140,9 @@ def read_part(shard_dir: str) -> Part | None:
 
 def read_layout(directory: str, layout: str) -> tuple[str, ...] | None:
     """Every shard of the run whose layout is ``layout``, as its first writers wrote it in the dump ``directory``;
-    None when it is not there (or not a list of names)."""
+    None when it is not there (or not a list of names, or not the one the digest names)."""
+    if not _DIGEST.fullmatch(layout):  # a record's word, never a path
+        return None
     try:
         with open(os.path.join(directory, f"{LAYOUT_PREFIX}{layout}.json"), "rb") as handle:
             shards = json.loads(handle.read())
