@@ -1,11 +1,12 @@
 """A tiny Hugging Face Trainer job (GPT-2 built from a config, synthetic tokens, CPU) for fault drills.
 
     torchrun --nproc-per-node 2 train.py OUT [--steps 12] [--save-steps 4] [--gradient-accumulation-steps 1] [--limit N]
-        [--final FILE] [--jit-checkpoint]
+        [--final FILE] [--jit-checkpoint] [--gpu]
 
 It resumes from ``OUT`` when a checkpoint is there (``resume_from_checkpoint=True``), trains with a
 constant learning rate (so a resumed run ends where an uninterrupted one does) and dropout on, and
-writes the final model and optimizer state to ``--final`` for comparison. It never imports
+writes the final model and optimizer state to ``--final`` for comparison. ``--gpu``: on the GPU, NCCL, with
+transformers' full determinism (a run repeats bit for bit). It never imports
 ft_plugins: run it under ``ft-plugins run`` (or add ``import ft_plugins.torch``) for fault tolerance.
 """
 
@@ -45,13 +46,15 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--final", default="")
     parser.add_argument("--jit-checkpoint", action="store_true", help="transformers 5's SIGTERM save")
+    parser.add_argument("--gpu", action="store_true", help="on the GPU (NCCL), deterministic")
     options = parser.parse_args()
     set_seed(7)
     args = TrainingArguments(output_dir=options.out, max_steps=options.steps, save_steps=options.save_steps,
                              save_total_limit=options.limit, per_device_train_batch_size=2,
                              gradient_accumulation_steps=options.gradient_accumulation_steps, learning_rate=1e-3,
-                             lr_scheduler_type="constant", logging_steps=1, report_to=[], use_cpu=True,
-                             ddp_backend="gloo", seed=7, disable_tqdm=True, dataloader_num_workers=0,
+                             lr_scheduler_type="constant", logging_steps=1, report_to=[], use_cpu=not options.gpu,
+                             ddp_backend="nccl" if options.gpu else "gloo", full_determinism=options.gpu, seed=7,
+                             disable_tqdm=True, dataloader_num_workers=0,
                              **({"enable_jit_checkpoint": True} if options.jit_checkpoint else {}))
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2))
     trainer = Trainer(model=model, args=args, train_dataset=Tokens())

@@ -5,7 +5,8 @@ micro-batch starts (``training_step``), ``at=update`` inside the optimizer's ``s
 ``AcceleratedOptimizer.step``), ``at=save`` as the rank writes its own part of ``checkpoint-N`` (its RNG
 file: ``_save_rng_state``, after the save's collective ``store_flos``), or as
 Accelerate starts writing the files of ``checkpoint_N`` (``save_accelerator_state``: its folder exists,
-older ones stock Accelerate pruned already). Independent of the features, like the Megatron drill:
+older ones stock Accelerate pruned already), ``at=device`` as ``forward``, after a kernel of ``seconds`` is queued
+on the CUDA stream (:func:`ft_plugins.torch.drill.stuck_kernel`). Independent of the features, like the Megatron drill:
 the same drill runs with ``FT_PLUGINS=none`` to show what a fault costs without ft_plugins.
 """
 
@@ -16,6 +17,7 @@ from typing import Any, Callable
 
 from ft_plugins import faults
 from ft_plugins.patching import Patch
+from ft_plugins.torch.drill import stuck_kernel
 from ft_plugins.torch.hf.rotation import number
 from ft_plugins.torch.hf.targets import CHECKPOINTING, OPTIMIZER, TRAINER
 
@@ -34,6 +36,7 @@ class TrainerDrill:
     def training_step(self, wrapped: Callable[..., Any], trainer: Any, args: tuple, kwargs: dict) -> Any:
         self._step = trainer.state.global_step
         self._drill.reached("forward", self._step)
+        self._drill.reached("device", self._step, before=stuck_kernel)
         return wrapped(*args, **kwargs)
 
     def update(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:

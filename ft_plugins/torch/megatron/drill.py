@@ -4,7 +4,7 @@
 optimizer's own update (``step_with_ready_grads``), ``at=save`` as ``save_checkpoint`` of that
 iteration begins, ``at=data`` as the step takes its first batch from the data iterator, ``at=collective``
 as the step starts, a hang then blocking in a receive from a peer that never sends, ``at=device`` as the step starts,
-after a kernel of ``seconds`` is queued on the CUDA stream (:func:`_stuck_kernel`). Independent of the
+after a kernel of ``seconds`` is queued on the CUDA stream (:func:`ft_plugins.torch.drill.stuck_kernel`). Independent of the
 features: the same drill runs with ``FT_PLUGINS=none``, which is how a test shows what a fault costs without
 ft_plugins. Applied before ``ttp``'s hooks, so
 ``ttp`` has seen the step begin (or the update begin) when a fault fires.
@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ft_plugins import faults
+from ft_plugins.torch.drill import stuck_kernel
 from ft_plugins.torch.megatron.state import current_iteration
 
 
@@ -29,7 +30,7 @@ class FaultDrill:
         self._iteration = current_iteration(args, kwargs)
         self._drill.reached("forward", self._iteration)
         self._drill.reached("collective", self._iteration, _receive_from_nobody)
-        self._drill.reached("device", self._iteration, before=_stuck_kernel)
+        self._drill.reached("device", self._iteration, before=stuck_kernel)
         if self._drill.plans("data", self._iteration) and len(args) > 1 and args[1] is not None:
             args = (args[0], _fire_at_next_batch(args[1], lambda: self._drill.reached("data", self._iteration)),
                     *args[2:])
@@ -76,19 +77,3 @@ def _receive_from_nobody() -> None:
 
     dist.recv(torch.zeros(1), src=(dist.get_rank() + 1) % dist.get_world_size())
 
-
-def _stuck_kernel(fault: faults.Fault) -> None:
-    """A kernel that runs about ``fault.seconds`` on the current CUDA stream, queued without waiting for it: what a
-    collective waiting for a lost peer is to the device (NCCL, HCCL), for the work queued after it (CUDA only:
-    ``torch.cuda._sleep``, timed here against a short one)."""
-    import torch
-
-    if not torch.cuda.is_initialized():
-        raise RuntimeError(f"at=device needs a CUDA device in use ({fault})")
-    probe, start, end = 10_000_000, torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(probe)
-    end.record()
-    end.synchronize()
-    cycles_per_second = probe / (start.elapsed_time(end) / 1000)
-    torch.cuda._sleep(int(cycles_per_second * fault.seconds))
