@@ -34,6 +34,7 @@ import json
 import os
 import re
 import shutil
+import stat
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Mapping
 
@@ -239,7 +240,11 @@ def _judged(directory: str, iteration: int, shard: str) -> tuple[Part | None, st
 
 
 def _is_file(path: str) -> bool:
-    return os.path.isfile(path) and not os.path.islink(path)
+    """A regular file, not a link to one: one ``lstat`` (a metadata operation fewer than isfile and islink)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def pending_reason(directory: str) -> str:

@@ -316,6 +316,16 @@ def test_the_runs_shards_are_written_once_and_a_record_names_them_by_digest(tmp_
     assert commit_dump(str(tmp_path), 3).committed
 
 
+def test_a_file_of_a_part_that_is_a_link_does_not_count(tmp_path: Path) -> None:
+    """A part's file is its writer's own: a link in its place (to a file of the right content elsewhere) is not."""
+    for shard in SHARDS:
+        _part(tmp_path, shard, 3)
+    named = Path(dump_dir(str(tmp_path), 3)) / "mp_rank_01" / "model_optim_rng.pt"
+    named.rename(tmp_path / "elsewhere.pt")
+    named.symlink_to(tmp_path / "elsewhere.pt")
+    assert commit_dump(str(tmp_path), 3).reasons[0] == "mp_rank_01: model_optim_rng.pt missing beside its part record"
+
+
 def test_a_dump_whose_records_list_the_shards_still_commits(tmp_path: Path) -> None:
     """A dump written by an earlier release, each record listing every shard, left uncommitted: the next start-up,
     with this one, commits it, and still never without all its shards."""
