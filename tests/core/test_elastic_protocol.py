@@ -59,9 +59,11 @@ def test_a_survivor_that_publishes_after_the_list_was_made_is_not_in_it(store_se
 def test_a_waiter_for_the_list_wakes_when_the_generation_is_abandoned(store_server: TCPStore) -> None:
     store = agent_store_client(store_server.port)
     store.add(key(1, "proposer"), 1)  # another rank proposes, and is lost before it lists anyone
-    threading.Timer(0.5, abandon, (agent_store_client(store_server.port), 1, "rank 3 lost too")).start()
+    abandoning = threading.Timer(0.5, abandon, (agent_store_client(store_server.port), 1, "rank 3 lost too"))
+    abandoning.start()
     with pytest.raises(Fallback, match="rank 3 lost too"):
         members(store, 1, 4, 30)
+    abandoning.join(30)  # it marks every key: done before the store's server goes with the test
 
 
 def test_whole_replicas_are_dropped_and_the_rest_keep_their_order() -> None:
