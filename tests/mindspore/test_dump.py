@@ -131,7 +131,7 @@ def test_a_parameter_is_dumped_with_its_value_not_the_checkpoint_callback_s_entr
         scaled.train(2, tiny.dataset(), callbacks=[FaultTolerance(features="ttp"), Raise(6).callback,
                                                    ModelCheckpoint("tiny", str(tmp_path), stale)])
     dumped = load_checkpoint(str(tmp_path / "tiny-2_2.ckpt"))
-    assert [int(dumped[name].asnumpy()) for name in ("global_step", "epoch_num", "step_num")] == [6, 2, 6]
+    assert [int(dumped[name].asnumpy().item()) for name in ("global_step", "epoch_num", "step_num")] == [6, 2, 6]
     assert dumped["loss_scale"].dtype == dumped["scale_sense"].dtype  # float32, as the step returned it
     assert float(dumped["loss_scale"].asnumpy()) == float(dumped["scale_sense"].asnumpy()) == 2.0 ** 13
 
