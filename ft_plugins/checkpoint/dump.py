@@ -101,7 +101,7 @@ def write_part(save_dir: str, part: Part, writes: Mapping[str, Callable[[str], N
         write(temporary)
         written += os.path.getsize(temporary)
         os.replace(temporary, target)
-    layout = os.path.join(dump_dir(save_dir, part.iteration), f"{LAYOUT_PREFIX}{part.layout}.json")
+    layout = os.path.join(os.path.dirname(directory), f"{LAYOUT_PREFIX}{part.layout}.json")
     if not os.path.exists(layout):  # the first writers of the dump write it, whole or not at all
         with atomic_file(layout, durable=False) as handle:
             json.dump(list(part.shards), handle)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 log = logging.getLogger("ft_plugins.ttp")
 
@@ -63,6 +63,16 @@ class DeviceMarks:
                 return
             self._module, self._event, self._device = module, module.Event(), module.current_device()
         self._event.record()
+
+    def after(self, call: Callable[[], Any]) -> Callable[[], Any]:
+        """``call`` (an optimizer update), then a mark: run inside the update's bracket, so no dump of the updated step
+        copies before the device ran the update."""
+        def marked() -> Any:
+            result = call()
+            self.mark()
+            return result
+
+        return marked
 
     @contextmanager
     def side_stream(self, deadline: float) -> Iterator[None]:

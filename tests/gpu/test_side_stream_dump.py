@@ -21,7 +21,6 @@ without a CUDA device it is skipped with that reason.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -35,7 +34,7 @@ if not torch.cuda.is_available():
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "torch_megatron"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_runs import ABORTED, AFTER_ABORT, MARGIN, STUCK, watch_job  # noqa: E402
+from gpu_runs import AFTER_ABORT, MARGIN, STUCK, aborted_seconds, launch_job, negative_watch, watch_job  # noqa: E402
 from ttp_runs import differences  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "megatron_gpt" / "pretrain_gpt.py"
@@ -48,12 +47,8 @@ DUMPED = f"rank 0 dumped mp_rank_00 of iteration {STEP}"
 
 
 def _launch(save: Path, port: int, *args: str, **env: str) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--master-port", str(port),
-               str(EXAMPLE), *GPU_ARGS, "--save", str(save), *args]
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("FT_PLUGINS")}
-    return subprocess.Popen(command, env={**clean, "PYTHONUNBUFFERED": "1", "NCCL_ALGO": "Ring",
-                                          "CUBLAS_WORKSPACE_CONFIG": ":4096:8", **env},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return launch_job(port, str(EXAMPLE), *GPU_ARGS, "--save", str(save), *args, NCCL_ALGO="Ring",
+                      CUBLAS_WORKSPACE_CONFIG=":4096:8", **env)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +61,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]
     side, side_seen = watch_job(_launch(root / "side", 29518, "--train-iters", "8", "--save-interval", "100",
                                      FT_PLUGINS="ttp", FT_PLUGINS_INJECT_FAULT=FAULT), DUMPED,
                              after_fault=STUCK - MARGIN)
-    watch = min((side_seen or 0) + MARGIN, STUCK - MARGIN)  # past the side stream's time, while the kernel runs
+    watch = negative_watch(side_seen)
     plain, plain_seen = watch_job(_launch(root / "plain", 29519, "--train-iters", "8", "--save-interval", "100",
                                        FT_PLUGINS="ttp", FT_PLUGINS_INJECT_FAULT=FAULT, FT_PLUGINS_TTP_DEVICE_WAIT="0"),
                                DUMPED, after_fault=watch)
@@ -78,7 +73,7 @@ def test_the_dump_behind_a_stuck_kernel_commits_within_seconds_of_the_abort(runs
     side = runs["side"]
     assert "firing injected fault" in side and "kind=term,at=device" in side, side[-4000:]
     assert runs["side_seen"] is not None and runs["side_seen"] < STUCK - MARGIN, side[-4000:]  # the kernel still ran
-    aborted = [float(match.group(1)) for match in map(ABORTED.search, side.splitlines()) if match]
+    aborted = aborted_seconds(side)
     assert aborted, side[-4000:]
     assert runs["side_seen"] - sum(aborted) < AFTER_ABORT, (runs["side_seen"], aborted)
     dumped = next(line for line in side.splitlines() if DUMPED in line)

@@ -17,7 +17,6 @@ wheel); without a CUDA device it is skipped with that reason.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +29,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device: the stuck kernel is CUDA's (torch.cuda._sleep)", allow_module_level=True)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_runs import ABORTED, AFTER_ABORT, MARGIN, STUCK, watch_job  # noqa: E402
+from gpu_runs import AFTER_ABORT, MARGIN, STUCK, aborted_seconds, launch_job, negative_watch, watch_job  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hf_trainer" / "train.py"
 STEP = 3  # the last completed step
@@ -39,11 +38,7 @@ DUMPED = f"checkpoint-{STEP} in "  # ttp's line: "rank 0 dumped .../checkpoint-3
 
 
 def _launch(out: Path, port: int, *args: str, **env: str) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--master-port", str(port),
-               str(EXAMPLE), str(out), "--gpu", "--steps", "8", *args]
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("FT_PLUGINS")}
-    return subprocess.Popen(command, env={**clean, "PYTHONUNBUFFERED": "1", "FT_EXAMPLE_IMPORT": "1", **env},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return launch_job(port, str(EXAMPLE), str(out), "--gpu", "--steps", "8", *args, FT_EXAMPLE_IMPORT="1", **env)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +49,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]
     assert reference.returncode == 0, output[-4000:]
     side, side_seen = watch_job(_launch(root / "side", 29528, "--save-steps", "100", FT_PLUGINS="ttp",
                                         FT_PLUGINS_INJECT_FAULT=FAULT), DUMPED, after_fault=STUCK - MARGIN)
-    watch = min((side_seen or 0) + MARGIN, STUCK - MARGIN)  # past the side stream's time, while the kernel runs
+    watch = negative_watch(side_seen)
     plain, plain_seen = watch_job(_launch(root / "plain", 29529, "--save-steps", "100", FT_PLUGINS="ttp",
                                           FT_PLUGINS_INJECT_FAULT=FAULT, FT_PLUGINS_TTP_DEVICE_WAIT="0"),
                                   DUMPED, after_fault=watch)
@@ -66,7 +61,7 @@ def test_the_trainers_dump_behind_a_stuck_kernel_commits_within_seconds_of_the_a
     side = runs["side"]
     assert "firing injected fault" in side and "kind=term,at=device" in side, side[-4000:]
     assert runs["side_seen"] is not None and runs["side_seen"] < STUCK - MARGIN, side[-4000:]  # the kernel still ran
-    aborted = [float(match.group(1)) for match in map(ABORTED.search, side.splitlines()) if match]
+    aborted = aborted_seconds(side)
     assert runs["side_seen"] - sum(aborted) < AFTER_ABORT, (runs["side_seen"], aborted)
     dumped = next(line for line in side.splitlines() if DUMPED in line)
     assert "committed" in dumped, dumped

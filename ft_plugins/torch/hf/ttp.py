@@ -115,12 +115,7 @@ class TrainerDump:
             raise
 
     def update(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-        def call() -> Any:
-            result = wrapped(*args, **kwargs)
-            self.marks.mark()  # inside the update's bracket: no dump of its step copies before the device ran it
-            return result
-
-        return self.tracker.update(call)
+        return self.tracker.update(self.marks.after(lambda: wrapped(*args, **kwargs)))
 
     def on_event(self, event: str, args: Any, state: Any, control: Any, kwargs: dict[str, Any]) -> None:
         if self._refusal is None or self._refusal:

@@ -4,10 +4,10 @@
 optimizer's own update (``step_with_ready_grads``), ``at=save`` as ``save_checkpoint`` of that
 iteration begins, ``at=data`` as the step takes its first batch from the data iterator, ``at=collective``
 as the step starts, a hang then blocking in a receive from a peer that never sends, ``at=device`` as the step starts,
-after a kernel of ``seconds`` is queued on the CUDA stream (:func:`ft_plugins.torch.drill.stuck_kernel`). Independent of the
-features: the same drill runs with ``FT_PLUGINS=none``, which is how a test shows what a fault costs without
-ft_plugins. Applied before ``ttp``'s hooks, so
-``ttp`` has seen the step begin (or the update begin) when a fault fires.
+after a kernel of ``seconds`` is queued on the CUDA stream (:func:`ft_plugins.torch.drill.stuck_kernel`).
+Independent of the features: the same drill runs with ``FT_PLUGINS=none``, which is how a test shows what a fault
+costs without ft_plugins. Applied before ``ttp``'s hooks, so ``ttp`` has seen the step begin (or the update begin)
+when a fault fires.
 """
 
 from __future__ import annotations
@@ -76,4 +76,3 @@ def _receive_from_nobody() -> None:
     import torch.distributed as dist
 
     dist.recv(torch.zeros(1), src=(dist.get_rank() + 1) % dist.get_world_size())
-

@@ -80,9 +80,5 @@ class MegatronTtp:
         return result
 
     def update(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-        def call() -> Any:
-            result = wrapped(*args, **kwargs)
-            self.writer.marks.mark()  # inside the update's bracket: no dump of its step copies before the device ran it
-            return result
-
+        call = self.writer.marks.after(lambda: wrapped(*args, **kwargs))
         return self.mindio.update(call) if self.mindio is not None else self.tracker.update(call)
