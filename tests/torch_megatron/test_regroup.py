@@ -4,6 +4,8 @@ when a connection of those groups is still held open by an older object."""
 from __future__ import annotations
 
 import gc
+import os
+import sys
 import socket
 from typing import Any
 
@@ -100,3 +102,68 @@ def test_the_groups_count_as_being_rebuilt_from_their_destruction_until_a_build_
     with pytest.raises(RuntimeError, match="a peer never came"):
         rebuilt.join(0, 1, None, ())
     assert regroup.Regroup.rebuilding()
+
+
+MEMBER = r"""
+import sys, threading, time
+import torch, torch.distributed as dist
+from ft_plugins.torch.megatron import regroup
+
+rank, port = int(sys.argv[1]), int(sys.argv[2])
+dist.init_process_group("gloo", rank=rank, world_size=2, init_method=f"tcp://127.0.0.1:{port}")
+tended = regroup.Regroup()
+group = tended._recording(lambda: dist.new_group([0, 1], backend="gloo"), (), {})  # as recover records Megatron's
+dist.barrier(group=group)  # both ends connected before one shuts its connections down
+if rank == 0:
+    tended.interrupt()  # its main thread saw a peer lost first: its connections are shut down
+events, asking = [], threading.Event()
+
+def dump() -> None:
+    with regroup.real_twins([group], "test/dump", bound=20) as (twin,):
+        events.append("in use")
+        asking.set()
+        time.sleep(0.5)  # the main thread asks for a shutdown meanwhile
+        found = [torch.zeros(1) for _ in range(2)]
+        dist.all_gather(found, torch.tensor([rank + 1.0]), group=twin)
+        events.append(f"gathered {sorted(int(value) for value in found)}")
+    events.append("released")
+
+writer = threading.Thread(target=dump)
+writer.start()
+asking.wait()
+tended.interrupt()
+events.append("shut down")
+writer.join()
+print(events, flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def members() -> list[str]:
+    """Two gloo ranks whose recorded group is tended as ``recover`` tends it; rank 0's connections shut down before
+    its dump, rank 1's not; in each, the main thread asks for a shutdown while the dump's groups are in use."""
+    import subprocess
+
+    from support import free_port
+
+    port = free_port()
+    ranks = [subprocess.Popen([sys.executable, "-c", MEMBER, str(rank), str(port)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env={**os.environ, "FT_PLUGINS": "none"})
+             for rank in range(2)]
+    try:
+        outputs = [rank.communicate(timeout=120)[0] for rank in ranks]
+    finally:
+        for rank in ranks:
+            rank.kill()
+    assert all(rank.returncode == 0 for rank in ranks), outputs
+    return [output.strip().splitlines()[-1] for output in outputs]
+
+
+def test_a_dump_gathers_in_groups_of_its_own_whichever_member_was_shut_down_first(members: list[str]) -> None:
+    """Rank 0's old group is shut down, rank 1's is not: both meet in new groups, so the gather is whole on
+    both (in the old group rank 1's gather met a closed connection, and rank 0 waited for it in vain)."""
+    assert all("'gathered [1, 2]'" in events for events in members), members
+
+
+def test_a_shutdown_waits_until_the_dumps_groups_are_released(members: list[str]) -> None:
+    assert all(events == "['in use', 'gathered [1, 2]', 'released', 'shut down']" for events in members), members

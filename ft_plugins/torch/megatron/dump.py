@@ -281,9 +281,10 @@ def instance_state(optimizer: Any, iteration: int) -> Any:
     saved, as Megatron saves it, as a list with one slot per part, filled on the part's first rank: the first
     rank of an expert group writes its shard's file with the dense slot empty. Every member must call it; they
     first exchange ``iteration`` (-1: this rank has nothing to dump) and raise unless all agree, so an instance
-    never mixes steps. A lost member makes it raise. Where ``recover`` held the groups (it gave up), the instance
-    gathers in real groups of the same members. The members' model weights are gathered too
-    (:func:`gather_parameters`), so the model file holds the step the optimizer state does."""
+    never mixes steps. A lost member makes it raise. Where ``recover`` tends the groups (it may shut them down
+    under the dump), the instance gathers in real groups of the same members, met for it (:func:`real_twins`).
+    The members' model weights are gathered too (:func:`gather_parameters`), so the model file holds the step the
+    optimizer state does."""
     import torch
     import torch.distributed as dist
 

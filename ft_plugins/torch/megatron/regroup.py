@@ -75,6 +75,8 @@ class Regroup:
     """Records how Megatron built its groups, and builds them again (holding, or joined)."""
 
     _unbuilt = False  # this process's groups are destroyed and not built again yet (one regroup at a time)
+    _tended = False  # real groups were recorded: the main thread may shut them down or rebuild them at any moment
+    _lock = threading.Lock()  # a shutdown or rebuild of the groups, or a dump's own groups in use: one at a time
 
     def __init__(self) -> None:
         self.layout: tuple[tuple, dict] | None = None  # initialize_model_parallel's arguments
@@ -118,6 +120,7 @@ class Regroup:
         a backend that blocks (NCCL, HCCL) are its own, never shut down under it: an abort releases its waits."""
         import torch.distributed as dist
 
+        Regroup._tended = True
         before = _sockets()
         group = wrapped(*args, **kwargs)
         try:
@@ -129,8 +132,10 @@ class Regroup:
         return group
 
     def interrupt(self) -> None:
-        """Shut this process's group connections down: a collective pending in another thread fails now."""
-        _shut_down(self.sockets)
+        """Shut this process's group connections down: a collective pending in another thread fails now (a
+        dump's meeting in groups of its own ends first: the dump then ends the process)."""
+        with Regroup._lock:
+            _shut_down(self.sockets)
 
     # -- the two states ----------------------------------------------------------------------------
     def hold(self, rank: int, world: int, store: Any, roots: Iterable[Any]) -> list[str]:
@@ -164,10 +169,11 @@ class Regroup:
         real = not self.holding()
         old = named_groups()
         links = self.sockets
-        Regroup._unbuilt = True
-        self._destroy()
-        self._build(rank, world, backend, store)
-        Regroup._unbuilt = False  # a build that failed leaves the groups unbuilt
+        with Regroup._lock:
+            Regroup._unbuilt = True
+            self._destroy()
+            self._build(rank, world, backend, store)
+            Regroup._unbuilt = False  # a build that failed leaves the groups unbuilt
         current = named_groups()
         successors = {id(group): current[name] for name, group in old.items() if name in current}
         stale = repoint(roots, successors, {id(group) for group in current.values()})
@@ -214,16 +220,21 @@ class Regroup:
 
 @contextmanager
 def real_twins(groups: list[Any], key: str, bound: float = MEETING_BOUND) -> Iterator[list[Any]]:
-    """``groups`` themselves; while the groups are held on the fake backend, real gloo groups of the same
-    members instead (destroyed on exit), in the same order. A held group's collectives return at once and its
+    """``groups`` themselves where nothing else touches them; where ``recover`` tends them (the main thread may
+    shut them down, hold or rebuild them at any moment) or holds them on the fake backend, real gloo groups of
+    the same members instead, met on the store (destroyed on exit), in the same order. So every member of a
+    group decides alike, whether or not its own main thread already shut its connections down (a peer lost),
+    and a shutdown or rebuild waits until the block ends. A held group's collectives return at once and its
     gather hands every slot the caller's own tensor, so what is gathered there (a dump's optimizer state) would
     be the caller's shard repeated. Every member calls this with the same groups in the same order and ``key``;
     a member that does not come within ``bound`` (it is lost) makes it raise, naming it."""
     import torch.distributed as dist
 
-    if not Regroup.holding():
+    if not (Regroup._tended or Regroup.holding()):
         yield groups
         return
+    if not Regroup._lock.acquire(timeout=bound):
+        raise TimeoutError(f"this process's groups were being built again for over {bound:.0f} s")
     store = dist.distributed_c10d._get_default_store()
     twins: dict[int, Any] = {}
     try:
@@ -234,6 +245,7 @@ def real_twins(groups: list[Any], key: str, bound: float = MEETING_BOUND) -> Ite
     finally:
         for twin in twins.values():
             dist.destroy_process_group(twin)
+        Regroup._lock.release()
 
 
 def _meet(members: list[int], store: Any, key: str, bound: float) -> Any:
