@@ -5,8 +5,9 @@ torchrun's ``--nnodes MIN:MAX``), the survivors drop every model replica that lo
 the smaller data-parallel size, the global batch kept (:mod:`ft_plugins.torch.megatron.elastic`); what ``recover``
 does otherwise is unchanged. The Hugging Face Trainer, by restart: a checkpoint resumed by another number of
 processes (torchrun's elastic restart) keeps its global batch and its data position (:mod:`ft_plugins.torch.hf
-.elastic`). It changes what a job does after a loss, so like ``recover`` it runs only when asked for by name or
-``all``.
+.elastic`); Accelerate, whose loop is the script's: the change said, and rank 0's generators for a process
+with no RNG file of its own. It changes what a job does after a loss, so like ``recover`` it runs only when asked
+for by name or ``all``.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ class Elastic(Feature):
         self.changes: list[str] = []
         return (f"a lost rank not replaced within {self.settings['wait']:.0f} s: the survivors drop its model "
                 "replica and train on in place at the smaller data-parallel size (Megatron, with recover); a "
-                "checkpoint resumed by another number of processes keeps its global batch (Trainer)")
+                "checkpoint resumed by another number of processes keeps its global batch (Trainer), and a "
+                "process with no RNG file takes rank 0's (Trainer, Accelerate)")
 
     def activity(self) -> str:
         return f"scale-ins: {', '.join(self.changes)}" if self.changes else "no scale-in"

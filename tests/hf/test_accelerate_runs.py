@@ -22,14 +22,15 @@ from ft_plugins.checkpoint import verify
 JOB = Path(__file__).resolve().parent / "fixtures" / "accelerate_job.py"
 
 
-def _job(project: Path, *args: str, ft: bool, fault: str = "") -> subprocess.CompletedProcess:
-    """One 2-rank launch of the job; output (stdout and stderr together) on stdout."""
+def _job(project: Path, *args: str, ft: bool, fault: str = "", processes: int = 2,
+         features: str = "resume") -> subprocess.CompletedProcess:
+    """One launch of the job (2 ranks unless told); output (stdout and stderr together) on stdout."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "FT_FAKE", "TORCHELASTIC"))}
-    env = {**clean, "FT_PLUGINS": "resume" if ft else "none",
+    env = {**clean, "FT_PLUGINS": features if ft else "none",
            **({"FT_PLUGINS_INJECT_FAULT": fault} if fault else {}),
            # the events beside the checkpoints, copied with them; the launches with ft_plugins: one job, relaunched
            "FT_PLUGINS_EVENTS_DIR": str(project / "ft_events"), "FT_PLUGINS_EVENTS_JOB": "accelerate-relaunched"}
-    command = [FT_PLUGINS, "run", "--", TORCHRUN, "--nproc-per-node", "2", "--master-port", str(free_port()),
+    command = [FT_PLUGINS, "run", "--", TORCHRUN, "--nproc-per-node", str(processes), "--master-port", str(free_port()),
                str(JOB), str(project), *args]
     return subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
 
@@ -83,3 +84,27 @@ def test_a_rank_killed_inside_save_state_keeps_the_previous_checkpoint(tmp_path:
             for fault in report["faults"]] == [(0, "death", "restart", 2, 2)], report
     assert 0 < report["faults"][0]["to_training"] < report["wall"], report
     assert report["badput"]["checkpoint saves"] > 0 and 0 < report["goodput_percent"] < 100, report
+
+
+def test_a_save_of_2_processes_loaded_by_3_says_so_and_with_elastic_the_third_takes_rank_0s_generators(
+        tmp_path: Path) -> None:
+    """Accelerate's save by 2 processes loaded by 3 (torchrun's restart on a node more). With ``elastic`` the third
+    process, which has no ``random_states_2.pkl``, loads rank 0's file: its generators are the ones rank 0 saved, as
+    ``set_seed`` made every process's alike. Without it (``resume`` alone) the third keeps its start-up generators.
+    Either way one line says that the global batch and the place in the data are the script's to keep."""
+    saved = _job(tmp_path / "saved", ft=True)
+    assert saved.returncode == 0, saved.stdout[-3000:]
+    checkpoint = tmp_path / "saved" / "checkpoints" / "checkpoint_0"
+    rank_0 = torch.load(checkpoint / "random_states_0.pkl", weights_only=False)["torch_manual_seed"]
+    loaded = {}
+    for features, rng in (("resume,elastic", "a process with no RNG file of its own loads random_states_0.pkl"),
+                          ("resume", "a process with no RNG file of its own keeps its start-up generators")):
+        project = tmp_path / features.replace(",", "-")
+        shutil.copytree(tmp_path / "saved", project)
+        job = _job(project, "--load", ft=True, processes=3, features=features)
+        assert job.returncode == 0, job.stdout[-3000:]
+        said = f"{project / 'checkpoints' / 'checkpoint_0'} was written by 2 processes, 3 load it: Accelerate keeps no"
+        assert said in job.stdout and rng in job.stdout, job.stdout[-3000:]
+        loaded[features] = [torch.load(project / f"rng-{rank}.pt") for rank in range(3)]
+    assert all(torch.equal(state, rank_0) for state in loaded["resume,elastic"])
+    assert torch.equal(loaded["resume"][0], rank_0) and not torch.equal(loaded["resume"][2], rank_0)

@@ -128,17 +128,17 @@ def _resume_parts(resume: Resume, said_only: bool) -> tuple[Any, ...]:
     """``said_only``: a resume by another number of processes is said (``elastic`` is off: nothing keeps its
     global batch)."""
     from ft_plugins.torch.hf.accelerate import AcceleratorResume
-    from ft_plugins.torch.hf.elastic import TrainerResize
+    from ft_plugins.torch.hf.elastic import AcceleratorResize, TrainerResize
     from ft_plugins.torch.hf.resume import TrainerResume
 
-    resize = (TrainerResize(keep=False),) if said_only else ()
+    resize = (TrainerResize(keep=False), AcceleratorResize(keep=False)) if said_only else ()
     return TrainerResume(resume), AcceleratorResume(resume), *resize
 
 
 def _elastic_parts() -> tuple[Any, ...]:
-    from ft_plugins.torch.hf.elastic import TrainerResize
+    from ft_plugins.torch.hf.elastic import AcceleratorResize, TrainerResize
 
-    return (TrainerResize(keep=True),)
+    return TrainerResize(keep=True), AcceleratorResize(keep=True)
 
 
 def _drill_parts() -> tuple[Any, ...]:

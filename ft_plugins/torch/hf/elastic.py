@@ -8,6 +8,11 @@ samples it had at the old size (the sampler's order does not depend on the proce
 RNG file of its own (more processes than wrote the checkpoint) loads rank 0's: ``set_seed`` gave every rank the
 same generators, the relation its own file would have had. Where the per-device batch times the processes does not
 divide the global batch, or ``elastic`` is off, one line says what the Trainer's own resume does instead.
+
+Accelerate's ``load_state`` restores model, optimizer and scheduler at any process count, and each process's RNG
+file where there is one. Its global batch and place in the data are the script's own loop's, which ft_plugins does
+not change: a change of process count is said in one line (what keeps them), and with ``elastic`` a process with
+no RNG file of its own loads rank 0's, as for the Trainer.
 """
 
 from __future__ import annotations
@@ -18,15 +23,17 @@ import re
 import shutil
 import tempfile
 from dataclasses import dataclass
+from inspect import signature
 from typing import Any, Callable
 
 from ft_plugins.patching import Patch
 from ft_plugins.rank import on_rank_zero
-from ft_plugins.torch.hf.targets import TRAINER
+from ft_plugins.torch.hf.targets import ACCELERATOR, TRAINER
 
 log = logging.getLogger("ft_plugins.elastic")
 
 _RNG_FILE = re.compile(r"rng_state(?:_(\d+))?\.pth$")
+_ACCELERATE_RNG_FILE = re.compile(r"random_states_(\d+)\.pkl$")
 OWN_ACCUMULATION = "4.46"  # from this transformers release the Trainer accumulates itself, not its Accelerator
 
 
@@ -99,6 +106,47 @@ class TrainerResize:
         with tempfile.TemporaryDirectory(prefix="ft_plugins-rng-") as directory:  # a checkpoint is never changed
             shutil.copyfile(os.path.join(checkpoint, stand_in), os.path.join(directory, own))
             return wrapped(directory)
+
+
+class AcceleratorResize:
+    """Accelerate's ``load_state`` by another number of processes than saved: said; ``keep`` (``elastic``): a process
+    with no RNG file of its own loads rank 0's."""
+
+    def __init__(self, keep: bool) -> None:
+        self.keep = keep
+
+    def patches(self) -> tuple[Patch, ...]:
+        # the name Accelerator.load_state calls: accelerate.accelerator's own import of checkpointing's function
+        return (Patch(ACCELERATOR, "load_accelerator_state", self.load_accelerator_state, required=self.keep),)
+
+    def load_accelerator_state(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        call = signature(wrapped).bind_partial(*args, **kwargs)
+        directory, index = os.fspath(call.arguments["input_dir"]), int(call.arguments["process_index"])
+        saved = [int(match.group(1)) for match in map(_ACCELERATE_RNG_FILE.match, os.listdir(directory)) if match]
+        processes = _processes()
+        if not saved or max(saved) + 1 == processes:
+            return wrapped(*args, **kwargs)
+        written = max(saved) + 1
+        rng = ("a process with no RNG file of its own loads random_states_0.pkl (set_seed gives every process the "
+               "same generators unless device_specific)" if self.keep else
+               "a process with no RNG file of its own keeps its start-up generators (FT_PLUGINS=...,elastic gives "
+               "it rank 0's)") if processes > written else "the RNG files of processes no longer there are unused"
+        on_rank_zero(log.warning, "%s: %s was written by %d processes, %d load it: Accelerate keeps no global batch "
+                     "or place in the data, the script's loop does: its global batch stays with a gradient "
+                     "accumulation %d/%d times as large, and a skip counted in batches (skip_first_batches) now "
+                     "skips %d/%d times the samples; %s", "elastic" if self.keep else "resume", directory, written,
+                     processes, written, processes, processes, written, rng)
+        if self.keep and index not in saved and 0 in saved:
+            log.info("elastic: %s has no RNG file for process %d: it takes random_states_0.pkl", directory, index)
+            call.arguments["process_index"] = 0
+            return wrapped(*call.args, **call.kwargs)
+        return wrapped(*args, **kwargs)
+
+
+def _processes() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def saved_batch(checkpoint: str) -> Batch | None:
