@@ -67,12 +67,10 @@ def ignore_children() -> None:
     torchrun stops a worker's whole process group, data loader workers included, and torch's SIGCHLD
     handler raises their end in the main thread: in the middle of a dump, or of a wait on MindIO."""
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGCHLD, _child_ended)
-
-
-def _child_ended(signum: int, frame: Any) -> None:
-    """Nothing, in Python: a SIGCHLD that arrived before the handler changed still runs one, and with none
-    (``SIG_DFL``) Python reports "Signal 17 ignored due to race condition" with a traceback."""
+        # the default action, not a Python handler that does nothing: no system call of the dump is interrupted
+        # (EINTR) by the children's ends. A SIGCHLD that came just before is reported by Python as "ignored due to
+        # race condition", a traceback that stops nothing.
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
 
 def watch_signal(signum: int, act: Callable[[], None], name: str) -> None:
