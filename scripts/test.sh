@@ -24,7 +24,7 @@ FAST=(
   tests/launch/test_node_loss.py tests/launch/test_scratch.py
   tests/patch/test_codemod.py tests/patch/test_patch_engine.py
   tests/patch/test_patch_revert_safety.py tests/torch_plugin/test_saving.py tests/torch_plugin/test_backend_note.py
-  tests/torch_plugin/test_device_marks.py
+  tests/torch_plugin/test_device_marks.py tests/torch_plugin/test_forks.py
 )
 NEWEST=(
   tests/hf/test_transformers_5.py tests/hf/test_transformers_oldest.py

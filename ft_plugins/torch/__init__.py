@@ -32,6 +32,7 @@ def enable(
     Raises ConfigError for bad values and FeatureUnavailable in strict mode.
     """
     global _runtime
+    from ft_plugins.torch import forks
     from ft_plugins.torch.hf import HFIntegration
     from ft_plugins.torch.megatron import MegatronIntegration
 
@@ -39,6 +40,7 @@ def enable(
         disable()
         runtime = activate(FRAMEWORK, features=features, options=options)
         events.start("worker")
+        forks.guard(bool(runtime.features))
         _runtime = runtime
         _integrations[:] = [MegatronIntegration(runtime), HFIntegration(runtime)]
         for integration in _integrations:
@@ -49,10 +51,13 @@ def enable(
 def disable() -> None:
     """Remove every hook and stop the features; the frameworks' functions are the originals again."""
     global _runtime
+    from ft_plugins.torch import forks
+
     with rebinding_once():
         for integration in reversed(_integrations):
             integration.remove()
     _integrations.clear()
+    forks.guard(False)
     if _runtime is not None:
         _runtime.stop()
     _runtime = None
