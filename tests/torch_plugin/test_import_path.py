@@ -67,7 +67,7 @@ AT_IMPORT = frozenset({
     "ft_plugins.features.taskd", "ft_plugins.features.ttp", "ft_plugins.vendors", "ft_plugins.vendors.mindio",
     "ft_plugins.vendors.ranges", "ft_plugins.vendors.taskd", "ft_plugins.vendors.versions", "ft_plugins.torch",
     "ft_plugins.torch.hf", "ft_plugins.torch.hf.events", "ft_plugins.torch.hf.targets", "ft_plugins.torch.megatron",
-    "ft_plugins.torch.megatron.state",
+    "ft_plugins.torch.megatron.state", "ft_plugins.torch.forks",
 })
 LOADED = """
 import json, sys
