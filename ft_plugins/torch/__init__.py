@@ -15,6 +15,7 @@ from ft_plugins import events
 from ft_plugins.config import STRICT_VAR, ConfigError, parse_bool
 from ft_plugins.patching import rebinding_once
 from ft_plugins.runtime import Runtime, activate, configuration_error
+from ft_plugins.torch import forks
 
 FRAMEWORK = "pt"
 
@@ -32,7 +33,6 @@ def enable(
     Raises ConfigError for bad values and FeatureUnavailable in strict mode.
     """
     global _runtime
-    from ft_plugins.torch import forks
     from ft_plugins.torch.hf import HFIntegration
     from ft_plugins.torch.megatron import MegatronIntegration
 
@@ -51,8 +51,6 @@ def enable(
 def disable() -> None:
     """Remove every hook and stop the features; the frameworks' functions are the originals again."""
     global _runtime
-    from ft_plugins.torch import forks
-
     with rebinding_once():
         for integration in reversed(_integrations):
             integration.remove()

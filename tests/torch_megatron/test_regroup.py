@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import gc
 import os
-import sys
 import socket
+import sys
 from typing import Any
 
 import pytest
@@ -144,15 +144,15 @@ def members() -> list[str]:
     its dump, rank 1's not; in each, the main thread asks for a shutdown while the dump's groups are in use."""
     import subprocess
 
-    from support import free_port
+    from support import finish, free_port
 
     port = free_port()
     ranks = [subprocess.Popen([sys.executable, "-c", MEMBER, str(rank), str(port)], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, env={**os.environ, "FT_PLUGINS": "none"})
              for rank in range(2)]
     try:
-        outputs = [rank.communicate(timeout=120)[0] for rank in ranks]
-    finally:
+        outputs = [finish(rank, 120)[0] for rank in ranks]
+    finally:  # the other rank, where one did not end
         for rank in ranks:
             rank.kill()
     assert all(rank.returncode == 0 for rank in ranks), outputs

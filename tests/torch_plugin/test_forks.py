@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from support import free_port
+from support import finish, free_port
 
 CHILD_BOUND = 10  # seconds: the child's own collection takes milliseconds; a hang never ends
 
@@ -58,7 +58,7 @@ def forked() -> dict[str, str]:
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                     env={**os.environ, "FT_PLUGINS": "none"})
             for guard in ("on", "off")}
-    outputs = {guard: run.communicate(timeout=CHILD_BOUND + 120)[0] for guard, run in runs.items()}
+    outputs = {guard: finish(run, CHILD_BOUND + 120)[0] for guard, run in runs.items()}
     assert all(run.returncode == 0 for run in runs.values()), outputs
     return {guard: output.strip().splitlines()[-1] for guard, output in outputs.items()}
 

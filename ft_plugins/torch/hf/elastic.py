@@ -29,6 +29,7 @@ from typing import Any, Callable
 from ft_plugins.patching import Patch
 from ft_plugins.rank import on_rank_zero
 from ft_plugins.torch.hf.targets import ACCELERATOR, TRAINER
+from ft_plugins.torch.store import distributed
 
 log = logging.getLogger("ft_plugins.elastic")
 
@@ -123,7 +124,8 @@ class AcceleratorResize:
         call = signature(wrapped).bind_partial(*args, **kwargs)
         directory, index = os.fspath(call.arguments["input_dir"]), int(call.arguments["process_index"])
         saved = [int(match.group(1)) for match in map(_ACCELERATE_RNG_FILE.match, os.listdir(directory)) if match]
-        processes = _processes()
+        dist = distributed()
+        processes = dist.get_world_size() if dist is not None else 1
         if not saved or max(saved) + 1 == processes:
             return wrapped(*args, **kwargs)
         written = max(saved) + 1
@@ -141,12 +143,6 @@ class AcceleratorResize:
             call.arguments["process_index"] = 0
             return wrapped(*call.args, **call.kwargs)
         return wrapped(*args, **kwargs)
-
-
-def _processes() -> int:
-    import torch.distributed as dist
-
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def saved_batch(checkpoint: str) -> Batch | None:
