@@ -102,6 +102,7 @@ class DumpEngine:
         self.peer_ranks: dict[int, int | None] = {}
         self.written: set[tuple[int, int]] = set()  # (step, rank) of the files this process tried to write
         self.lock = threading.Lock()
+        self.looking = threading.Lock()  # over ``peers``
         self.stopped = threading.Event()
         self.copy_seconds = 0.0
         self.speed: WriteSpeed | None = None
@@ -156,12 +157,7 @@ class DumpEngine:
     def end(self) -> None:
         self.stopped.set()
         self.untime()
-        try:  # before this process exits: its peers still in their last step must not take the exit for a loss
-            mark = _ended_mark(os.getpid())
-            os.makedirs(os.path.dirname(mark), exist_ok=True)
-            open(mark, "w").close()
-        except OSError as exc:
-            log.debug("ttp: the end of training not marked for this node's peers: %s", exc)
+        _mark_ended()  # before this process exits: its peers still in their last step must not take it for a loss
 
     # -- the watcher ------------------------------------------------------------------------------
     def _watch(self) -> None:
@@ -172,12 +168,9 @@ class DumpEngine:
         while not self.stopped.wait(POLL):
             started, snapshot = self.step_started, self.snapshot
             if not reason:
-                gone = [pid for pid in self.peers if not alive(pid)] if started is not None else []
-                self.peers = [pid for pid in self.peers if pid not in gone]
-                lost = [pid for pid in gone if not _has_ended(pid)]  # not one that ended training
+                lost = self._newly_lost() if started is not None else []
                 if lost:
-                    reason = f"worker process {', '.join(map(str, lost))} of this node exited"
-                    recording.peers_lost([self.peer_ranks.get(pid) for pid in lost])
+                    reason = _exited(lost)
                     if snapshot is not None:  # at once: msrun's SIGKILL may come at its next poll, any moment
                         self.dump_safely(reason)
                         written = snapshot.step
@@ -202,10 +195,25 @@ class DumpEngine:
         finally:
             recording.written()
 
+    def _newly_lost(self) -> list[int]:
+        """This node's workers that exited since the last look without marking their end, each recorded once as
+        the loss of its rank (the watcher and the SIGTERM thread both look)."""
+        with self.looking:
+            gone = [pid for pid in self.peers if not alive(pid)]
+            self.peers = [pid for pid in self.peers if pid not in gone]
+        lost = [pid for pid in gone if not _has_ended(pid)]
+        if lost:
+            recording.peers_lost([self.peer_ranks.get(pid) for pid in lost])
+        return lost
+
     def _on_sigterm(self) -> None:
-        self.stopped.set()  # this rank's own end: a peer ending after it is no fault of that peer
+        self.stopped.set()  # this rank's own end: a peer ending after it is no fault of that peer,
+        _mark_ended()  # nor this end a fault of this rank to its peers
+        # msrun's SIGTERM answers a worker's exit: where it came before the watcher saw the exit, the exit is still
+        # the fault, and the SIGTERM its consequence
+        lost = self._newly_lost()
         recording.noticed("SIGTERM", "signal")
-        self.dump_safely("SIGTERM")
+        self.dump_safely(f"SIGTERM after {_exited(lost)}" if lost else "SIGTERM")
         exit_now(EXIT_ON_SIGTERM)
 
     # -- the dump ---------------------------------------------------------------------------------
@@ -330,6 +338,20 @@ def _marks() -> str:
 def _ended_mark(pid: int) -> str:
     """The file by which worker ``pid`` of this node's msrun says it ended training (its exit is then no loss)."""
     return os.path.join(_marks(), str(os.getppid()), str(pid))
+
+
+def _mark_ended() -> None:
+    """Say to this node's peers that this worker's exit, to come, is no loss: training ended, or SIGTERM ends it."""
+    try:
+        mark = _ended_mark(os.getpid())
+        os.makedirs(os.path.dirname(mark), exist_ok=True)
+        open(mark, "w").close()
+    except OSError as exc:
+        log.debug("ttp: the end of this worker not marked for this node's peers: %s", exc)
+
+
+def _exited(pids: list[int]) -> str:
+    return f"worker process {', '.join(map(str, pids))} of this node exited"
 
 
 def _has_ended(pid: int) -> bool:

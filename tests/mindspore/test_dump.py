@@ -241,6 +241,44 @@ def test_a_peer_leaving_after_it_ended_training_is_no_loss(no_tft: Any, tmp_path
         shutil.rmtree(mark.parent, ignore_errors=True)
 
 
+@pytest.mark.parametrize("peer", ["SIGTERMed", "died"])
+def test_sigterm_before_the_watcher_saw_a_peer_exit_still_names_the_exit_as_the_fault(
+        no_tft: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        peer: str) -> None:
+    """msrun answers a worker's death with SIGTERM to the others within its second: on a loaded machine it may
+    reach this rank before the watcher's look. The dump then still names the exit, and the exit is recorded as the
+    fault of its rank (the report's "death", not a "signal"); a peer that marked its own SIGTERM first is no loss.
+    And this rank marks its end before it dumps: to its peers, its exit is no loss."""
+    import shutil
+    import subprocess
+    import sys
+
+    from ft_plugins.mindspore import FaultTolerance, dump, recording
+
+    engine = _ttp_part(FaultTolerance(features="ttp,resume")).engine
+    engine.target = dump.Target(str(tmp_path / "rank_0"), True, "net", 1, {})
+    engine.snapshot = dump.Snapshot(1, 4, 4, [("weight", np.zeros(4, dtype=np.float32))])
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    mark = Path(dump._ended_mark(process.pid))
+    lost: list[list[int | None]] = []
+    monkeypatch.setattr(recording, "peers_lost", lost.append)
+    monkeypatch.setattr(dump, "exit_now", lambda code: None)
+    caplog.set_level(logging.WARNING, logger="ft_plugins")
+    try:
+        if peer == "SIGTERMed":  # what its own SIGTERM thread writes first
+            mark.parent.mkdir(exist_ok=True)
+            mark.touch()
+        process.wait()
+        engine.peers, engine.peer_ranks = [process.pid], {process.pid: 1}
+        engine._on_sigterm()
+        assert Path(dump._ended_mark(os.getpid())).is_file()
+        reason = "SIGTERM" if peer == "SIGTERMed" else f"SIGTERM after worker process {process.pid} of this node exited"
+        assert f"ttp: {reason}: dying-gasp checkpoint of step 4 written" in caplog.text
+        assert lost == ([] if peer == "SIGTERMed" else [[1]]) and engine.peers == []
+    finally:
+        shutil.rmtree(mark.parent, ignore_errors=True)
+
+
 class Stall:
     """A callback whose step ``step`` begins stuck, as behind a lost peer, until ``until`` exists (60 s at most)."""
 
