@@ -108,16 +108,17 @@ class Regroup:
         if rendezvous and kwargs.get("store") is None and len(args) < 2 and kwargs.get("world_size", -1) > 0:
             kwargs = {**kwargs, "store": _round_store(rendezvous, kwargs["rank"], kwargs["world_size"],
                                                       kwargs.get("timeout") or self.timeout)}
-        return self._recording(wrapped, args, kwargs)
+        return self._recording(wrapped, args, kwargs, default=True)
 
     def new_group(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         if self.fake:
             return wrapped(*args, **{**kwargs, "backend": "fake", "pg_options": None})
         return self._recording(wrapped, args, kwargs)
 
-    def _recording(self, wrapped: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    def _recording(self, wrapped: Callable[..., Any], args: tuple, kwargs: dict, default: bool = False) -> Any:
         """Create a real group, remembering the connections it opened: a gloo group's, which a shutdown ends. Those of
-        a backend that blocks (NCCL, HCCL) are its own, never shut down under it: an abort releases its waits."""
+        a backend that blocks (NCCL, HCCL) are its own, never shut down under it: an abort releases its waits; and
+        the ``default`` group's store's (:func:`_store_connections`)."""
         import torch.distributed as dist
 
         Regroup._tended = True
@@ -128,7 +129,7 @@ class Regroup:
         except Exception:  # not a member of it: no connection of its own
             blocking = False
         if not blocking:
-            self.sockets |= _sockets() - before
+            self.sockets |= _sockets() - before - (_store_connections() if default else set())
         return group
 
     def interrupt(self) -> None:
@@ -281,6 +282,34 @@ def _sockets() -> set[str]:
             continue
         if link.startswith("socket:"):
             found.add(link)
+    return found
+
+
+def _store_connections() -> set[str]:
+    """The connections of the default group's store (to its TCPStore's port, and those its server accepted where it
+    runs here), opened by ``init_process_group`` with the group's own: never shut down with them, for a dump meets
+    groups of its own on that store (a shutdown's broken pipe had left MindIO's dump, after its stop, with no shard
+    written)."""
+    import torch.distributed as dist
+
+    try:
+        store = dist.distributed_c10d._get_default_store()
+    except Exception:  # no default group
+        return set()
+    while hasattr(store, "underlying_store"):  # PrefixStore
+        store = store.underlying_store
+    port = getattr(store, "port", None)
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6") if port else ():
+        try:
+            with open(table) as rows:
+                next(rows)
+                for row in rows:  # sl local_address rem_address st ... inode
+                    fields = row.split()
+                    if port in (int(fields[1].rsplit(":", 1)[1], 16), int(fields[2].rsplit(":", 1)[1], 16)):
+                        found.add(f"socket:[{fields[9]}]")
+        except OSError:
+            continue
     return found
 
 
