@@ -37,6 +37,8 @@ PORT_VAR = "TTP_PORT"  # MindCluster's job templates set it beside port 8000 (`t
 TASK_ID_VAR = "MINDX_TASK_ID"
 EXPORT_VERSION = "MindSpeed-LLM"  # one of the two values MindIO accepts; selects the Megatron-style dump
 HANDLERS = ("save_ckpt", "rename", "exit", "stop", "clean", "repair", "rollback", "rebuild_group", "stream_sync")
+# MindCluster's elastic-training strategy (MindIO's ZIT): registered where given
+ZIT_HANDLERS = ("zit_downgrade_rebuild", "zit_upgrade_rebuild", "zit_upgrade_repair", "zit_upgrade_rollback")
 RET_OK, RET_ERROR = 0, 1  # what MindIO's handlers answer (clean returns it; the others raise for RET_ERROR)
 ARF_FINISH = "ARF FINISH"  # a replacement raises it from train: MindIO then rebuilds, repairs, rolls back
 _ITEM = r"^([A-Z]+):([0-9])$"  # compiled on first use (re caches it), not at import
@@ -137,15 +139,17 @@ class TorchProcess:
         self.api = api
         self.where = where
 
-    def start(self, rank: int, world_size: int, env: Mapping[str, str], arf: bool = False) -> None:
+    def start(self, rank: int, world_size: int, env: Mapping[str, str], arf: bool = False, zit: bool = False) -> None:
         """Before ``init_process_group``: the controller (rank 0 without TaskD), then this rank's processor;
-        ``arf``: MindIO replaces a lost process and drives the repair handlers (the ``recover`` strategy)."""
+        ``arf``: MindIO replaces a lost process and drives the repair handlers (the ``recover`` strategy); ``zit``:
+        where none replaces it, the survivors scale in through the ZIT handlers (``elastic-training``)."""
         tls = bool(self.where.tls_info)
+        zit_switch = {"enable_zit": True} if zit else {}  # named only when on: a MindIO before ZIT lacks it
         if rank == 0 and not env.get(TASK_ID_VAR, "").strip():
-            self.api.tft_init_controller(rank, world_size, False, enable_arf=arf)
+            self.api.tft_init_controller(rank, world_size, False, enable_arf=arf, **zit_switch)
             self.api.tft_start_controller(self.where.controller, self.where.port, tls, self.where.tls_info)
         self.api.tft_init_processor(rank, world_size, False, enable_tls=tls, tls_info=self.where.tls_info,
-                                    enable_arf=arf)
+                                    enable_arf=arf, **zit_switch)
         self.api.tft_start_processor(self.where.processor, self.where.port)
 
     def rebooted(self) -> bool:
@@ -157,7 +161,7 @@ class TorchProcess:
         """Once the model and optimizer exist: replicas, data-parallel group, every handler, export version."""
         self.api.tft_set_optimizer_replica(rank, replica_info)
         self.api.tft_set_dp_group_info(rank, dp_ranks)
-        for kind in HANDLERS:
+        for kind in (*HANDLERS, *(kind for kind in ZIT_HANDLERS if kind in handlers)):
             getattr(self.api, f"tft_register_{kind}_handler")(handlers[kind])
         self.api.set_mindio_export_version(EXPORT_VERSION)
 

@@ -37,6 +37,11 @@ SIGKILLed whole (agent and workers): no replacement can come.
   resume at DP=2.
 - Without ``elastic`` (negative control), the same loss: the survivors wait for a replacement until recover's
   timeout, then dump step 2 and the job ends; step 3 is never trained.
+- MindCluster's ``elastic-training`` through MindIO (the stand-in's controller, ZIT on, in rank 0's process): the same
+  loss, DP=4 -> 2, the distributed optimizer in 2 instances, bf16, no replacement within ``MINDIO_WAIT_MINDX_TIME``:
+  stop and clean on the survivors, then the downgrade rebuild handler on each; the end, ``distrib_optim.pt`` whole,
+  is bit for bit Megatron's own resume at DP=2. Without ``elastic`` its controller takes the dump of step 2 (bit for
+  bit the DP=4 save of it) and the job ends (negative control).
 - The lost node comes back after the scale-in (while rank 0 stands in the save of step 3): torchrun's agent stops
   its two workers, which dump step 3 (SIGTERM), and starts the job again at DP=4 with the node back, from that dump;
   the end is bit for bit Megatron's own resume at DP=4 from Megatron's own save of step 3 at DP=2. A rank killed
@@ -56,7 +61,7 @@ from pathlib import Path
 import pytest
 
 from elastic_runs import Nodes, elastic_job
-from support import FAKES, assert_bit_identical, path_first
+from support import FAKES, assert_bit_identical, free_port, path_first, read_records
 from ttp_runs import DP4, ITERS, SHARDS, TP, Job, Launch, differences, dist_differences
 
 pytestmark = pytest.mark.newest_megatron  # on megatron-core 0.19 only: the newest lane's suite
@@ -102,6 +107,29 @@ def scaled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Nodes, Path]:
 def blocked(tmp_path_factory: pytest.TempPathFactory) -> Nodes:
     return elastic_job(tmp_path_factory.mktemp("blocked"), "--train-iters", str(ITERS), lose=(2,),
                        PYTHONPATH=path_first(FAKES / "blocking_backend"), FT_FAKE_BLOCKING="1", **ELASTIC)
+
+
+def _under_mindio(workdir: Path, plugins: str) -> tuple[Nodes, list[dict]]:
+    """The DP=4 loss under MindIO's stand-in (ZIT on with ``elastic``), its controller in rank 0's process and the
+    processors of both nodes on one channel, in the shape MindSpeed-LLM's elastic training asks for: the distributed
+    optimizer (in 2 instances: the lost node's has a replica), bf16; the calls it recorded."""
+    record = workdir / "mindio.jsonl"
+    job = elastic_job(workdir, "--train-iters", str(ITERS), "--distributed-timeout-minutes", "2", SHARDED[0], "--bf16",
+                      lose=(2,), **{**ELASTIC, "FT_PLUGINS": plugins}, FT_PLUGINS_TTP_REPLICAS="2",
+                      PYTHONPATH=path_first(FAKES), FT_FAKE_RECORD=str(record),
+                      FT_FAKE_MINDIO_CHANNEL="elastic", TTP_ADDR="127.0.0.1", TTP_PORT=str(free_port()),
+                      MINDIO_WAIT_MINDX_TIME="3", TTP_NORMAL_ACTION_TIME_LIMIT="10")
+    return job, read_records(record)
+
+
+@pytest.fixture(scope="module")
+def downgraded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Nodes, list[dict]]:
+    return _under_mindio(tmp_path_factory.mktemp("downgraded"), "ttp,recover,elastic")
+
+
+@pytest.fixture(scope="module")
+def not_downgraded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Nodes, list[dict]]:
+    return _under_mindio(tmp_path_factory.mktemp("not_downgraded"), "ttp,recover")
 
 
 @pytest.fixture(scope="module")
@@ -538,3 +566,49 @@ def test_a_size_that_does_not_divide_the_batch_rounds_it_down_as_megatrons_own_r
     assert differences(nodes.job.iteration(ITERS) / model, resumed.iteration(ITERS) / model) == []
     evaluated, reference = _validation(nodes.job), _validation(resumed)
     assert len(reference) == 3 and evaluated == reference, (evaluated, reference)
+
+
+def _controller(calls: list[dict]) -> list[tuple]:
+    """What MindIO's stand-in controller did, in order: (action, its arguments)."""
+    return [(call["api"].removeprefix("fake_controller_"), *call["args"]) for call in calls
+            if call["api"].startswith("fake_controller_")]
+
+
+def test_under_mindio_its_downgrade_scales_in_and_ends_as_megatrons_own_resume_at_the_smaller_size(
+        downgraded: tuple[Nodes, list[dict]], sharded_at_dp2: Job) -> None:
+    nodes, calls = downgraded
+    assert nodes.codes[0] == 0, nodes.outputs[0][-5000:]
+    assert not [call for call in calls if call["api"].startswith("fake_processor_")], calls  # no handler refused
+    done = _controller(calls)
+    assert done[0] == ("fault", 2, 3), done
+    assert [(action, rank, answer) for action, rank, _, answer in done[1:5]] == [
+        ("stop", 0, 0), ("stop", 1, 0), ("clean", 0, 0), ("clean", 1, 0)], done
+    assert done[5] == ("replacement", 2, "timeout"), done
+    assert done[6:8] == [("zit_downgrade_rebuild", rank, repr(([0, 1], [0, 1], '{"scale-in-strategy": "DP"}')), 0)
+                         for rank in (0, 1)], done
+    assert len(done) == 8, done  # no rollback after a downgrade, no dump
+    registered = {call["args"][0] for call in calls if call["api"] == "tft_register_zit_downgrade_rebuild_handler"}
+    assert registered == {"downgrade_rebuild"}, registered
+    assert [call["kwargs"].get("enable_zit") for call in calls if call["api"] == "tft_init_processor"] == [True] * 4
+    assert nodes.job.lines("elastic: MindIO's downgrade for ranks 2, 3: 2 ranks go on at data-parallel size 2 (was "
+                           "4), the global batch 4 kept")
+    assert re.search(rf"elastic: MindIO downgrade in [\d.]+ s: every rank stands at step {COMPLETED}, training "
+                     rf"continues at step {COMPLETED + 1}", nodes.job.output), nodes.outputs[0][-5000:]
+    for step in range(1, ITERS + 1):  # no step lost, none twice
+        assert len(nodes.job.lines(f"iteration        {step}/       {ITERS}")) == 1, step
+    assert not nodes.job.lines("loading checkpoint"), "no checkpoint read"
+    assert nodes.job.lines("elastic: torchrun's exit barrier waits for the 1 node left after the scale-in")
+    assert len(nodes.job.lines("laid the distributed optimizer out for data-parallel size 2")) == 2
+    _same_sharded_save(nodes.job, sharded_at_dp2, ITERS)  # distrib_optim.pt whole
+
+
+def test_negative_control_under_mindio_without_elastic_the_same_loss_ends_the_job_in_the_dump(
+        not_downgraded: tuple[Nodes, list[dict]], sharded_reference: Job) -> None:
+    nodes, calls = not_downgraded
+    assert nodes.codes[0] != 0
+    done = _controller(calls)
+    # one of the lost node's ranks seen first; the other, asked to stop, does not answer: the dump
+    assert done[0] in (("fault", 2), ("fault", 3)) and ("dump", COMPLETED) in done, done
+    assert not [action for action, *_ in done if action.startswith("zit_")], done
+    assert not nodes.job.lines(f"iteration        {COMPLETED + 1}/       {ITERS}"), "step 3 was never trained"
+    _same_sharded_save(nodes.job, sharded_reference, COMPLETED)

@@ -268,6 +268,48 @@ def test_without_recover_the_old_handlers_decline_and_mindio_can_only_dump(mindi
 
 
 
+def test_with_elastic_the_downgrade_refuses_what_cannot_scale_in_and_the_upgrade_says_growing_back_is_a_restart(
+        mindio: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """MindIO's ZIT handlers, called as MindIO calls them: each refusal answers MindIO's failure code (it then takes
+    its dump) and says why in one line; nothing changed (the run at DP=2 itself: test_elastic.py)."""
+    from mindio_ttp import arf
+
+    from ft_plugins.steps import StepTracker
+    from ft_plugins.torch.megatron import mindio_elastic, mindio_recover
+
+    recovery = mindio_elastic.MindioElastic(SimpleNamespace(settings={"timeout": 5.0}, recoveries=[]),
+                                            SimpleNamespace(tracker=StepTracker(), writer=Writer()),
+                                            SimpleNamespace(changes=[]))
+    recovery.objects = ("model", "optimizer", "scheduler")
+    for kind, handler in recovery.handlers().items():
+        getattr(mindio, f"tft_register_{kind}_handler")(handler)
+    monkeypatch.setattr(mindio_elastic, "megatron_args", lambda: SimpleNamespace(data_parallel_size=2))  # TP=2
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    caplog.set_level(logging.ERROR, "ft_plugins.recover")
+    params = '{"scale-in-strategy": "DP"}'
+    assert _answer(arf, "zit_downgrade_rebuild", ([0, 1], [0, 1], params)) == 1  # before stop and clean
+    recovery.stage = "clean"
+    recovery.resize.cannot = "context parallelism (--context-parallel-size): its groups are not resized yet"
+    assert _answer(arf, "zit_downgrade_rebuild", ([0, 1], [0, 1], params)) == 1
+    recovery.resize.cannot = ""
+    assert _answer(arf, "zit_downgrade_rebuild", ([2, 3], [2, 3], params)) == 1
+    assert _answer(arf, "zit_downgrade_rebuild", ([0, 1, 2], [0, 1, 2], params)) == 1
+    with pytest.raises(mindio_recover.Refused, match="growing back in place"):
+        recovery.upgrade_rebuild([2, 3], None, '{"scale-out-strategy": "DP"}')
+    assert recovery.stage == "clean" and recovery.resize.size == 0 and recovery.downgrades == 0
+    fallback = "; MindIO falls back to its dump"
+    assert _refusals(caplog) == [
+        "recover: MindIO zit_downgrade_rebuild refused on rank 0: zit_downgrade_rebuild called before any other "
+        "handler (expected after clean)" + fallback,
+        "recover: MindIO zit_downgrade_rebuild refused on rank 0: this run cannot go on at a smaller data-parallel "
+        "size: context parallelism (--context-parallel-size): its groups are not resized yet" + fallback,
+        "recover: MindIO zit_downgrade_rebuild refused on rank 0: rank 0 is not among the ranks MindIO keeps (2, 3)"
+        + fallback,
+        "recover: MindIO zit_downgrade_rebuild refused on rank 0: MindIO keeps 3 ranks, not whole model replicas of 2"
+        + fallback,
+        "recover: MindIO zit_upgrade_rebuild refused on rank 0: " + mindio_elastic.GROWING + fallback]
+
+
 def test_a_failed_step_stops_children_ending_raising_in_the_main_thread_unless_recover_may_repair_it() -> None:
     """Without recover the main thread only waits for MindIO's dump and exit, while torchrun ends the data
     loader workers (torch's SIGCHLD handler would raise in that wait); a process that may be repaired

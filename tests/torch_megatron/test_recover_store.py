@@ -109,7 +109,7 @@ def test_a_scale_in_brings_the_launchers_count_to_its_generation_once(store_serv
         worker = elastic.MegatronElastic.__new__(elastic.MegatronElastic)
         worker.store = worker.waits = agent_store_client(store_server.port)
         worker.timeout, worker.member = 30.0, Member(rank, rank, (rank,))
-        worker.elastic = SimpleNamespace(settings={"wait": 1.0}, changes=[])
+        worker.elastic, worker.resize = SimpleNamespace(settings={"wait": 1.0}, changes=[]), elastic.Resize()
         places[rank] = worker._scale_in(generation, rank, world)
 
     client = agent_store_client(store_server.port)

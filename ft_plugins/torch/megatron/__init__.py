@@ -99,13 +99,15 @@ class MegatronIntegration:
             self._add("elastic", Patch(TRAINING, "pretrain", _elastic_needs_recover))
         if recover is None or ttp.engine is None:
             return
-        if ttp.engine == "mindio":  # MindIO's controller drives the repair through its handlers
-            from ft_plugins.torch.megatron.mindio_recover import MindioRecovery
+        if ttp.engine == "mindio":  # MindIO's controller drives the repair (and the scale-in) through its handlers
+            if elastic is None:
+                from ft_plugins.torch.megatron.mindio_recover import MindioRecovery
 
-            if elastic is not None:
-                log.warning("elastic: not with MindIO's engine yet (its downgrade and upgrade handlers are not "
-                            "registered): a lost rank with no replacement takes MindIO's dump")
-            ttp.mindio.recovery = MindioRecovery(recover, ttp)
+                ttp.mindio.recovery = MindioRecovery(recover, ttp)
+            else:
+                from ft_plugins.torch.megatron.mindio_elastic import MindioElastic
+
+                ttp.mindio.recovery = MindioElastic(recover, ttp, elastic)
             self._add("recover", *ttp.mindio.recovery.patches())
         elif elastic is None:
             from ft_plugins.torch.megatron.recover import MegatronRecovery

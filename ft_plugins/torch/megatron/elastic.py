@@ -157,22 +157,22 @@ def read_from(iterator: Any, built: Any) -> None:
         iterator.iterable = getattr(built, "iterable", built)
 
 
-class MegatronElastic(MegatronRecovery):
-    """``recover``'s worker side, going on at a smaller data-parallel size when no replacement comes."""
+class Resize:
+    """What Megatron computed from the data-parallel size when it built the job, set again for a smaller size: the
+    built-in scale-in's (:class:`MegatronElastic`) and MindIO's downgrade's (:mod:`.mindio_elastic`)."""
 
-    def __init__(self, feature: Recover, ttp: MegatronTtp, elastic: Elastic) -> None:
-        super().__init__(feature, ttp)
-        self.elastic = elastic
+    def __init__(self) -> None:
         self.data: tuple[tuple, dict] | None = None  # build_train_valid_test_data_iterators' arguments
-        self.member: Member | None = None  # this rank, as the survivors of a loss must know it
-        self.cannot = ""  # why this run cannot scale in
-        self.resized = 0  # the data-parallel size a scale-in under way goes to
-        self.evaluation: int | None = None  # and its evaluation batch (megatron-core 0.19 on)
-        self.validation: Any = None  # train()'s validation iterator(s), :func:`readable`
         self.optimizer_built: tuple[tuple, dict] | None = None  # get_megatron_optimizer's arguments
+        self.cannot = ""  # why this run cannot scale in
+        self.size = 0  # the data-parallel size a scale-in under way goes to
+        self.evaluation: int | None = None  # and its evaluation batch (megatron-core 0.19 on)
+        self.given: Any = None  # train()'s validation iterator(s), as given (MindIO gives them again at each retry)
+        self.validation: Any = None  # and as :func:`readable` made them
+        self.said = False  # whether rank 0 said at train if this run can scale in
 
     def patches(self) -> tuple[Patch, ...]:
-        return (*super().patches(), Patch(TRAINING, "build_train_valid_test_data_iterators", self.data_iterators),
+        return (Patch(TRAINING, "build_train_valid_test_data_iterators", self.data_iterators),
                 Patch(TRAINING, "get_megatron_optimizer", self.optimizer, required=False))
 
     def optimizer(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -185,31 +185,155 @@ class MegatronElastic(MegatronRecovery):
         self.data = (args, kwargs)
         return wrapped(*args, **kwargs)
 
-    def train(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-        import torch.distributed as dist
-
+    def begin(self, args: tuple, kwargs: dict, when: str, otherwise: str) -> tuple[tuple, dict]:
+        """At train: whether this run can scale in, said on rank 0 (``when``: what scales it in; ``otherwise``: what
+        a lost rank takes where it cannot); train's arguments with its validation iterator(s) made replaceable."""
         megatron_args = megatron("training.global_vars").get_args()
         self.cannot = unscalable(megatron_args) or ("" if self.data else "Megatron's data iterators were built "
                                                     "outside pretrain's build_train_valid_test_data_iterators") or (
             "Megatron's distributed optimizer was built outside setup_model_and_optimizer's get_megatron_optimizer"
             if megatron_args.use_distributed_optimizer and self.optimizer_built is None else "")
-        if self.cannot:
+        first, self.said = not self.said, True  # MindIO calls train again after a repair
+        if self.cannot and first:
             on_rank_zero(log.warning, "elastic: this run cannot go on at a smaller data-parallel size: %s; a lost "
-                         "rank with no replacement takes recover's fallback", self.cannot)
-        else:
-            self.member = Member(dist.get_rank(), int(os.environ.get("GROUP_RANK", "0")), _replica())
+                         "rank with no replacement takes %s", self.cannot, otherwise)
+        elif first:
             sizes = smaller_sizes(megatron_args)
             others = ("Megatron's --decrease-batch-size-if-needed rounds it down at the others"
                       if getattr(megatron_args, "decrease_batch_size_if_needed", False) else
-                      "the others take recover's fallback, or with --decrease-batch-size-if-needed round it down")
-            on_rank_zero(log.info, "elastic: a lost rank not replaced within %.0f s: its model replica is dropped and "
-                         "training goes on in place; the global batch %d is kept at data-parallel size%s %s (%s)",
-                         self.elastic.settings["wait"], megatron_args.global_batch_size, "s" if len(sizes) > 1 else "",
-                         ", ".join(map(str, sizes)) or "none", others)
+                      f"the others take {otherwise}, or with --decrease-batch-size-if-needed round it down")
+            on_rank_zero(log.info, "elastic: %s: its model replica is dropped and training goes on in place; the "
+                         "global batch %d is kept at data-parallel size%s %s (%s)", when,
+                         megatron_args.global_batch_size, "s" if len(sizes) > 1 else "", ", ".join(map(str, sizes))
+                         or "none", others)
         validation = kwargs["valid_data_iterator"] if "valid_data_iterator" in kwargs else (args[5:6] or [None])[0]
-        self.validation = readable(validation)
+        if self.validation is None or validation is not self.given:
+            self.given, self.validation = validation, readable(validation)
         if self.validation is not validation:
             args, kwargs = loop.replaced(args, kwargs, 5, "valid_data_iterator", self.validation)
+        return args, kwargs
+
+    def to(self, size: int, refuse: type[Exception]) -> int:
+        """Go to data-parallel size ``size`` (laid out at :meth:`rebuilt`): its global batch, or ``refuse`` raised
+        with why the batches cannot be kept there."""
+        megatron_args = megatron("training.global_vars").get_args()
+        batch, evaluation = global_batch(megatron_args, size), evaluation_batch(megatron_args, size)
+        evaluated = getattr(megatron_args, "eval_global_batch_size", None)
+        shrinks = getattr(megatron_args, "decrease_batch_size_if_needed", False)  # Megatron's own rounding down
+        if batch != megatron_args.global_batch_size and not shrinks:
+            raise refuse(f"the global batch {megatron_args.global_batch_size} is not a whole number of micro-batches "
+                         f"of {megatron_args.micro_batch_size} at data-parallel size {size} (Megatron's "
+                         "--decrease-batch-size-if-needed rounds it down instead)")
+        if evaluation != evaluated and not shrinks:
+            raise refuse(f"the evaluation batch {evaluated} (--eval-global-batch-size) is not a whole number of "
+                         f"evaluation micro-batches at data-parallel size {size} (Megatron's "
+                         "--decrease-batch-size-if-needed rounds it down instead)")
+        if not batch or evaluation == 0:
+            raise refuse(f"data-parallel size {size} leaves less than one micro-batch per rank in a batch")
+        instances = getattr(megatron_args, "num_distributed_optimizer_instances", 1) or 1
+        if megatron_args.use_distributed_optimizer and size % instances:
+            raise refuse(f"data-parallel size {size} cannot hold the distributed optimizer's {instances} instances")
+        self.size, self.evaluation = size, evaluation
+        return batch
+
+    def announce(self, why: str, lost: list[int], going: int, batch: int, generation: int, speaker: bool) -> str:
+        """The scale-in to :meth:`to`'s size, as an event, and in one line where ``speaker`` (the change, returned)."""
+        megatron_args = megatron("training.global_vars").get_args()
+        evaluated = getattr(megatron_args, "eval_global_batch_size", None)
+        if speaker:
+            kept = (f"{batch} kept" if batch == megatron_args.global_batch_size else
+                    f"now {batch} (was {megatron_args.global_batch_size}: Megatron's --decrease-batch-size-if-needed)")
+            if self.evaluation != evaluated:
+                kept += f", the evaluation batch now {self.evaluation} (was {evaluated}: rounded alike)"
+            log.warning("elastic: %s for rank%s %s: %d ranks go on at data-parallel size %d (was %d), the global batch "
+                        "%s", why, "s" if len(lost) > 1 else "", ", ".join(map(str, lost)), going, self.size,
+                        megatron_args.data_parallel_size, kept)
+        events.emit("scale_in", generation=generation, lost=lost, world=going, data_parallel=self.size,
+                    before=megatron_args.data_parallel_size, global_batch=batch)
+        return f"generation {generation}: data-parallel {megatron_args.data_parallel_size} -> {self.size}"
+
+    def rebuilt(self, objects: tuple[Any, Any, Any], tracker: Any, completed: int, refuse: type[Exception]) -> None:
+        """Megatron's groups stand at the new size: set what Megatron computed from the old one; this rank holds
+        step ``completed`` (-1: torn); ``refuse``: raised where the distributed optimizer cannot be laid out."""
+        if not self.size:
+            return
+        import torch.distributed as dist
+
+        megatron_args = megatron("training.global_vars").get_args()
+        megatron_args.rank, megatron_args.world_size = dist.get_rank(), dist.get_world_size()
+        megatron_args.data_parallel_size = self.size
+        if megatron_args.use_distributed_optimizer:  # Megatron's DDP, built again, scales its new buffers itself
+            self._reshard(objects, tracker, megatron_args, completed, refuse)
+        else:
+            relayout(objects[0], self.size)
+        if self.evaluation is not None:  # evaluate() reads it at each call
+            megatron_args.eval_global_batch_size = self.evaluation
+        _reconfigure_micro_batches(dist.get_rank(), megatron_args, self.size)
+
+    def _reshard(self, objects: tuple[Any, Any, Any], tracker: Any, megatron_args: Any, completed: int,
+                 refuse: type[Exception]) -> None:
+        """The distributed optimizer's shards laid out for the new size (:mod:`.reshard`); nothing here is worth a
+        dump meanwhile (a fault now ends in the last save)."""
+        model, optimizer, _ = objects
+        started = time.monotonic()
+        with tracker.holding():
+            tracker.mark_torn()
+        try:
+            held = pieces(model, optimizer)
+            rebuild_buffers(model, megatron_args)
+            rebuilt = rebuild_optimizer(optimizer, self.optimizer_built)
+            group = megatron("core.parallel_state").get_data_parallel_group(with_context_parallel=True)
+            move(held, pieces(model, rebuilt), completed, group)
+        except Unmovable as exc:
+            raise refuse(f"the distributed optimizer cannot be laid out again: {exc}") from None
+        vars(optimizer).clear()
+        vars(optimizer).update(vars(rebuilt))
+        with tracker.holding():
+            tracker.align(tracker.phase)
+        log.info("elastic: rank %d laid the distributed optimizer out for data-parallel size %d (%.2f s)",
+                 megatron_args.rank, self.size, time.monotonic() - started)
+
+    def resumed(self, batches: Any, consumed: int) -> bool:
+        """Every rank stands at K: Megatron builds the data iterators again at K's samples, at the new size; whether
+        a scale-in was under way."""
+        if not self.size:
+            return False
+        started = time.monotonic()
+        megatron_args = megatron("training.global_vars").get_args()
+        counted, megatron_args.consumed_train_samples = megatron_args.consumed_train_samples, consumed
+        try:
+            args, kwargs = self.data
+            built = megatron("training.training").build_train_valid_test_data_iterators(*args, **kwargs)
+            iterator, validation = built[0], built[1]
+        finally:
+            megatron_args.consumed_train_samples = counted  # the loop counts a step a peer completed itself
+        batches.source, batches.fetched, batches.replay = iterator, [], []
+        read_from(self.validation, validation)  # at the validation samples consumed, Megatron's own count
+        self.size = 0
+        log.info("elastic: rank %d reads on from sample %d at data-parallel size %d (%.2f s)", megatron_args.rank,
+                 consumed, megatron_args.data_parallel_size, time.monotonic() - started)
+        return True
+
+
+class MegatronElastic(MegatronRecovery):
+    """``recover``'s worker side, going on at a smaller data-parallel size when no replacement comes."""
+
+    def __init__(self, feature: Recover, ttp: MegatronTtp, elastic: Elastic) -> None:
+        super().__init__(feature, ttp)
+        self.elastic = elastic
+        self.resize = Resize()
+        self.member: Member | None = None  # this rank, as the survivors of a loss must know it
+
+    def patches(self) -> tuple[Patch, ...]:
+        return (*super().patches(), *self.resize.patches())
+
+    def train(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        import torch.distributed as dist
+
+        args, kwargs = self.resize.begin(args, kwargs, f"a lost rank not replaced within "
+                                         f"{self.elastic.settings['wait']:.0f} s", "recover's fallback")
+        if not self.resize.cannot:
+            self.member = Member(dist.get_rank(), int(os.environ.get("GROUP_RANK", "0")), _replica())
         return super().train(wrapped, instance, args, kwargs)
 
     # -- the scale-in ------------------------------------------------------------------------------
@@ -224,7 +348,8 @@ class MegatronElastic(MegatronRecovery):
         except Late:
             if self.member is None:
                 raise Fallback(f"no replacement within {wait:.0f} s, and this run cannot go on at a smaller size in "
-                               f"place ({self.cannot}): the dump, then torchrun's restart at the size left") from None
+                               f"place ({self.resize.cannot}): the dump, then torchrun's restart at the size left"
+                               ) from None
             return self._scale_in(generation, rank, world)
         return super()._replaced(generation, standing, rank, world)
 
@@ -242,38 +367,12 @@ class MegatronElastic(MegatronRecovery):
             self._store().add("generation", 1)
         if rank in leaving:
             self._leave(generation, sorted(set(range(world)) - set(found)))
-        megatron_args = megatron("training.global_vars").get_args()
-        size = len(stay) // len(self.member.replica)
-        batch, evaluation = global_batch(megatron_args, size), evaluation_batch(megatron_args, size)
-        evaluated = getattr(megatron_args, "eval_global_batch_size", None)
-        shrinks = getattr(megatron_args, "decrease_batch_size_if_needed", False)  # Megatron's own rounding down
-        if batch != megatron_args.global_batch_size and not shrinks:
-            raise Fallback(f"the global batch {megatron_args.global_batch_size} is not a whole number of micro-batches "
-                           f"of {megatron_args.micro_batch_size} at data-parallel size {size} (Megatron's "
-                           "--decrease-batch-size-if-needed rounds it down instead)")
-        if evaluation != evaluated and not shrinks:
-            raise Fallback(f"the evaluation batch {evaluated} (--eval-global-batch-size) is not a whole number of "
-                           f"evaluation micro-batches at data-parallel size {size} (Megatron's "
-                           "--decrease-batch-size-if-needed rounds it down instead)")
-        if not batch or evaluation == 0:
-            raise Fallback(f"data-parallel size {size} leaves less than one micro-batch per rank in a batch")
-        instances = getattr(megatron_args, "num_distributed_optimizer_instances", 1) or 1
-        if megatron_args.use_distributed_optimizer and size % instances:
-            raise Fallback(f"data-parallel size {size} cannot hold the distributed optimizer's {instances} instances")
-        lost = sorted(set(range(world)) - set(found))
-        self.resized, self.evaluation = size, evaluation
+        batch = self.resize.to(len(stay) // len(self.member.replica), Fallback)
+        change = self.resize.announce(f"no replacement within {self.elastic.settings['wait']:.0f} s",
+                                      sorted(set(range(world)) - set(found)), len(stay), batch, generation,
+                                      rank == stay[0])
         if rank == stay[0]:  # speaks for the job
-            self.elastic.changes.append(f"generation {generation}: data-parallel {megatron_args.data_parallel_size} "
-                                        f"-> {size}")
-            kept = (f"{batch} kept" if batch == megatron_args.global_batch_size else
-                    f"now {batch} (was {megatron_args.global_batch_size}: Megatron's --decrease-batch-size-if-needed)")
-            if evaluation != evaluated:
-                kept += f", the evaluation batch now {evaluation} (was {evaluated}: rounded alike)"
-            log.warning("elastic: no replacement within %.0f s for rank%s %s: %d ranks go on at data-parallel size %d "
-                        "(was %d), the global batch %s", self.elastic.settings["wait"], "s" if len(lost) > 1 else "",
-                        ", ".join(map(str, lost)), len(stay), size, megatron_args.data_parallel_size, kept)
-        events.emit("scale_in", generation=generation, lost=lost, world=len(stay), data_parallel=size,
-                    before=megatron_args.data_parallel_size, global_batch=batch)
+            self.elastic.changes.append(change)
         return stay.index(rank), len(stay)
 
     def _leave(self, generation: int, lost: list[int]) -> None:
@@ -287,64 +386,13 @@ class MegatronElastic(MegatronRecovery):
         os._exit(0)
 
     def _rebuilt(self, completed: int) -> None:
-        """Megatron's groups stand at the new size: set what Megatron computed from the old one; this rank holds
-        step ``completed`` (-1: torn)."""
-        if not self.resized:
-            return
-        import torch.distributed as dist
-
-        megatron_args = megatron("training.global_vars").get_args()
-        megatron_args.rank, megatron_args.world_size = dist.get_rank(), dist.get_world_size()
-        megatron_args.data_parallel_size = self.resized
-        if megatron_args.use_distributed_optimizer:  # Megatron's DDP, built again, scales its new buffers itself
-            self._reshard(megatron_args, completed)
-        else:
-            relayout(self.objects[0], self.resized)
-        if self.evaluation is not None:  # evaluate() reads it at each call
-            megatron_args.eval_global_batch_size = self.evaluation
-        _reconfigure_micro_batches(dist.get_rank(), megatron_args, self.resized)
-
-    def _reshard(self, megatron_args: Any, completed: int) -> None:
-        """The distributed optimizer's shards laid out for the new size (:mod:`.reshard`); nothing here is worth a
-        dump meanwhile (a fault now ends in the last save)."""
-        model, optimizer, _ = self.objects
-        started = time.monotonic()
-        with self.tracker.holding():
-            self.tracker.mark_torn()
-        try:
-            held = pieces(model, optimizer)
-            rebuild_buffers(model, megatron_args)
-            rebuilt = rebuild_optimizer(optimizer, self.optimizer_built)
-            group = megatron("core.parallel_state").get_data_parallel_group(with_context_parallel=True)
-            move(held, pieces(model, rebuilt), completed, group)
-        except Unmovable as exc:
-            raise Fallback(f"the distributed optimizer cannot be laid out again: {exc}") from None
-        vars(optimizer).clear()
-        vars(optimizer).update(vars(rebuilt))
-        with self.tracker.holding():
-            self.tracker.align(self.tracker.phase)
-        log.info("elastic: rank %d laid the distributed optimizer out for data-parallel size %d (%.2f s)",
-                 megatron_args.rank, self.resized, time.monotonic() - started)
+        self.resize.rebuilt(self.objects, self.tracker, completed, Fallback)
 
     def _resumed(self, consumed: int) -> None:
-        """Every rank stands at K: Megatron builds the data iterators again at K's samples, at the new size."""
-        if not self.resized:
+        if not self.resize.resumed(self.batches, consumed):
             return
-        started = time.monotonic()
         megatron_args = megatron("training.global_vars").get_args()
-        counted, megatron_args.consumed_train_samples = megatron_args.consumed_train_samples, consumed
-        try:
-            args, kwargs = self.data
-            built = megatron("training.training").build_train_valid_test_data_iterators(*args, **kwargs)
-            iterator, validation = built[0], built[1]
-        finally:
-            megatron_args.consumed_train_samples = counted  # the loop counts a step a peer completed itself
-        self.batches.source, self.batches.fetched, self.batches.replay = iterator, [], []
-        read_from(self.validation, validation)  # at the validation samples consumed, Megatron's own count
-        self.resized = 0
         self.member = self.member._replace(rank=megatron_args.rank, replica=_replica())  # as the next loss needs it
         # the ranks are numbered anew, torchrun's are not: a worker of this node lost now is left to torchrun (the
         # dump, and its restart); a node lost is scaled in again
         self._store().set(REFUSED, "the job scaled in: its ranks are no longer torchrun's")
-        log.info("elastic: rank %d reads on from sample %d at data-parallel size %d (%.2f s)", megatron_args.rank,
-                 consumed, megatron_args.data_parallel_size, time.monotonic() - started)

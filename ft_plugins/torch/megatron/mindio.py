@@ -42,7 +42,7 @@ class MindioDriver:
             process = TorchProcess(load_framework_api(), self.feature.where)  # imports torch_npu: only now
             # before init_process_group: the launcher's variables are the only source of the rank
             process.start(env_rank() or 0, int(os.environ.get("WORLD_SIZE", "1")), os.environ,
-                          arf=self.recovery is not None)
+                          arf=self.recovery is not None, zit=bool(getattr(self.recovery, "ZIT", False)))
             self.process = process
             if self.recovery is not None and process.rebooted():
                 self.recovery.replacing()

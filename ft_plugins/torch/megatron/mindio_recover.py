@@ -45,7 +45,8 @@ log = logging.getLogger("ft_plugins.recover")
 STAGES = ("stop", "clean", "rebuild_group", "repair", "rollback")
 # the stage each handler follows: what MindIO's controller has called on this rank before it
 AFTER = {"stop": ("", "rollback"), "clean": ("stop",), "rebuild_group": ("clean",), "repair": ("rebuild_group",),
-         "rollback": ("rebuild_group", "repair")}
+         "rollback": ("rebuild_group", "repair"), "zit_downgrade_rebuild": ("clean",)}
+ENDING = ("rollback", "zit_downgrade_rebuild")  # the handlers after which training goes on
 
 
 class Refused(RuntimeError):
@@ -54,6 +55,8 @@ class Refused(RuntimeError):
 
 class MindioRecovery:
     """The wrappers (wrapt signature) and MindIO's recovery handlers of one worker."""
+
+    ZIT = False  # MindIO's scale-in and scale-out (ZIT): :class:`.mindio_elastic.MindioElastic`'s
 
     def __init__(self, feature: Recover, ttp: Any) -> None:
         self.feature = feature
@@ -211,7 +214,22 @@ class MindioRecovery:
                          "flops": state["num_floating_point_operations_so_far"]}
 
     def _rollback(self, step: int) -> None:
-        """Every rank at exactly ``step``: counters, RNG and the data iterator at ``step + 1``'s first batch."""
+        """Every rank at exactly ``step``."""
+        self._stand_at(step)
+        launcher = self._store_generation()
+        if launcher:
+            self._launcher_store().add(key(launcher, "done"), 1)
+        if self.replacement or is_rank_zero():
+            self.feature.recoveries.append(f"MindIO step {step}")
+            log.warning("recover: MindIO rollback on rank %d in %.2f s: every rank stands at step %d, training "
+                        "continues at step %d", global_rank(), time.monotonic() - self.started, step, step + 1)
+        self.replacement = self.regroup.fake = False
+        self.mine = self.received = None
+        progress.report(progress.STEP)
+
+    def _stand_at(self, step: int) -> int:
+        """This rank at exactly ``step``: counters, RNG and the data iterator at ``step + 1``'s first batch; the
+        samples consumed."""
         parsed = megatron_args()
         per_step = megatron("core.num_microbatches_calculator").get_num_microbatches()
         if self.received is not None:
@@ -220,7 +238,7 @@ class MindioRecovery:
             _, rng, consumed, flops = self.mine
             set_rng(rng)
         else:
-            raise Refused(f"rollback to step {step}: this rank holds {self._held()} and received nothing")
+            raise Refused(f"to stand at step {step}: this rank holds {self._held()} and received nothing")
         parsed.iteration, parsed.consumed_train_samples = step, consumed
         parsed.num_floating_point_operations_so_far = flops
         if self.replacement:  # its iterator was built from the first sample: its micro-batches of every step done
@@ -237,16 +255,7 @@ class MindioRecovery:
         global_vars = megatron("training.global_vars")  # the failed step left its timers running
         global_vars._GLOBAL_TIMERS = None
         global_vars._set_timers(parsed)
-        launcher = self._store_generation()
-        if launcher:
-            self._launcher_store().add(key(launcher, "done"), 1)
-        if self.replacement or is_rank_zero():
-            self.feature.recoveries.append(f"MindIO step {step}")
-            log.warning("recover: MindIO rollback on rank %d in %.2f s: every rank stands at step %d, training "
-                        "continues at step %d", global_rank(), time.monotonic() - self.started, step, step + 1)
-        self.replacement = self.regroup.fake = False
-        self.mine = self.received = None
-        progress.report(progress.STEP)
+        return consumed
 
     # -- helpers -----------------------------------------------------------------------------------
     def _enter(self, stage: str) -> None:
@@ -266,7 +275,7 @@ class MindioRecovery:
         except Exception as exc:
             self._refusal(stage, exc)
             raise Refused(str(exc) if isinstance(exc, Refused) else f"{type(exc).__name__}: {exc}") from None
-        self.stage = "" if stage == "rollback" else stage
+        self.stage = "" if stage in ENDING else stage
 
     @staticmethod
     def _refusal(stage: str, exc: Exception) -> None:

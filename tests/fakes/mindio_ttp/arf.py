@@ -23,7 +23,17 @@ order, each in the processor's own thread while the training thread waits inside
 
 A handler that raises (or a clean that returns non-zero), or a replacement that does not come within
 ``TTP_NORMAL_ACTION_TIME_LIMIT`` seconds (180), ends the recovery: the survivors dump the newest step
-(save handler, then rename) and their training threads raise. Each action is recorded as
+(save handler, then rename) and their training threads raise.
+
+With ZIT on (``enable_zit=True``, MindCluster's ``elastic-training``), the ranks lost within a second are one fault
+(a node's), and where no replacement comes within ``MINDIO_WAIT_MINDX_TIME`` seconds (standing in for ClusterD's
+``wait-reschedule-timeout`` and its ``changeStrategy downgrade``), the controller scales in as MindIO's
+``DowngradeRepairCallback`` does: it isolates the ranks at the lost ranks' indices in every data-parallel group
+(``tft_set_dp_group_info``), refuses where rank 0 is among them or a lost rank's optimizer state has no replica
+outside them, tells the healthy isolated ranks to end (ClusterD's ``faultNodesExit``), calls
+``zit_downgrade_rebuild(new_dp_ranks, new_world_ranks, train_args, params)`` on every rank that goes on, and lets
+their training threads retry (no rollback: MindIO has none after a downgrade). A new fault after it is met by the
+dump only (``ZitHandleNewFault``). Each action is recorded as
 ``fake_controller_<action>`` with the rank, its arguments and the answer.
 
 ``tft_destroy_processor`` and ``tft_destroy_controller`` end their threads and wait for them, as MindIO's do: a
@@ -45,6 +55,8 @@ ORDER = ("stop", "clean", "rebuild_group", "repair", "rollback")
 _arf = {"store": None, "rank": None, "world": 0, "reboot": False, "reported": threading.Event(), "wait": 0,
         "controlling": threading.Event(), "serving": threading.Event(), "threads": {}}
 JOIN = 10.0  # seconds a destroy call waits for its thread (one poll, unless an action is under way)
+SETTLE = 1.0  # seconds in which ranks lost are one fault (a node's processes end one after the other)
+DOWNGRADE_PARAMS = '{"scale-in-strategy": "DP"}'  # what ClusterD's changeStrategy carries
 
 
 def _start(role, target, *args):
@@ -65,6 +77,11 @@ def limit():
     return float(os.environ.get("TTP_NORMAL_ACTION_TIME_LIMIT", "180"))
 
 
+def wait_for_replacement():
+    """ZIT on: how long the controller waits for a replacement before it scales in."""
+    return float(os.environ.get("MINDIO_WAIT_MINDX_TIME", "30"))
+
+
 def _store(port):
     import tempfile
     from datetime import timedelta
@@ -73,16 +90,18 @@ def _store(port):
 
     record_file = os.environ.get("FT_FAKE_RECORD")  # beside the calls' record (a test's own directory), else /tmp
     folder = os.path.dirname(os.path.abspath(record_file)) if record_file else tempfile.gettempdir()
-    store = FileStore(os.path.join(folder, f"fake_mindio_{os.getppid()}_{port}.store"), -1)
+    # one launcher's channel; FT_FAKE_MINDIO_CHANNEL names one shared by the launchers of several nodes
+    channel = os.environ.get("FT_FAKE_MINDIO_CHANNEL") or str(os.getppid())
+    store = FileStore(os.path.join(folder, f"fake_mindio_{channel}_{port}.store"), -1)
     store.set_timeout(timedelta(seconds=limit()))
     return store
 
 
-def start_controller(bind_ip, port, world_size):
+def start_controller(bind_ip, port, world_size, zit=False):
     """Rank 0's process: host the channel, then watch the processors."""
     store = _store(port)
     _arf["controlling"].set()
-    _start("controller", _control, store, world_size)
+    _start("controller", _control, store, world_size, zit)
     _arf["controller_store"] = store  # kept alive with the process
 
 
@@ -207,6 +226,9 @@ def _run(api, kind, payload):
         elif kind == "repair":
             step, need_rebuild, error_ranks, repair_info = payload
             answer = func(step, need_rebuild, error_ranks, repair_info, args, ctx) or RET_OK
+        elif kind == "zit_downgrade_rebuild":  # MindIO's execute_zit_downgrade_rebuild: no ctx
+            new_dp_ranks, new_world_ranks, params = payload
+            answer = func(new_dp_ranks, new_world_ranks, args, params) or RET_OK
         else:
             answer = func(payload, args, ctx) or RET_OK
     except Exception as exc:  # MindIO logs it and answers the failure code
@@ -224,13 +246,20 @@ def _alive(pid):
         return False
 
 
-def _control(store, world):
-    counts = {}
+def _control(store, world, zit):
+    counts, gone = {}, set()  # gone: the ranks a downgrade left out
     while _arf["controlling"].is_set():
         time.sleep(POLL)
-        lost = [rank for rank, pid in _watched(store, world).items() if not _alive(pid)]
-        if lost and not _recover(store, world, lost[0], counts):
+        lost = _lost(store, world, gone)
+        if lost and zit:
+            time.sleep(SETTLE)
+            lost = _lost(store, world, gone)
+        if lost and not _recover(store, world, lost if zit else lost[:1], counts, zit, gone):
             return  # the survivors dumped and end: nothing left to control
+
+
+def _lost(store, world, gone):
+    return [rank for rank, pid in _watched(store, world).items() if not _alive(pid) and rank not in gone]
 
 
 def _act(store, counts, ranks, kind, payloads):
@@ -261,15 +290,23 @@ def _go(store, ranks, word):
         store.set(f"go/{rank}/{life}/{waits}", word)
 
 
-def _recover(store, world, lost, counts):
-    record("fake_controller_fault", lost)
-    survivors = [rank for rank in range(world) if rank != lost]
-    counts.pop(lost, None)
+def _recover(store, world, lost_ranks, counts, zit, gone):
+    """One fault: ``lost_ranks`` (one without ZIT); ``gone``: the ranks a downgrade left out before."""
+    record("fake_controller_fault", *lost_ranks)
+    lost = lost_ranks[0]  # the rank a replacement repairs
+    survivors = [rank for rank in range(world) if rank not in lost_ranks and rank not in gone]
+    for rank in lost_ranks:
+        counts.pop(rank, None)
     steps = {rank: int(store.get(f"step/{rank}")) if store.check([f"step/{rank}"]) else 0 for rank in survivors}
     step = max(steps.values())
-    ok = (_act(store, counts, survivors, "stop", lambda rank: None)
-          and _act(store, counts, survivors, "clean", lambda rank: None)
-          and _replacement(store, lost))
+    ok = (not gone  # after a downgrade only the dump (ZitHandleNewFault)
+          and _act(store, counts, survivors, "stop", lambda rank: None)
+          and _act(store, counts, survivors, "clean", lambda rank: None))
+    if ok and zit and not _replacement(store, lost, wait_for_replacement()):
+        if _downgrade(store, world, lost_ranks, survivors, counts, gone):
+            return True
+        ok = False
+    ok = ok and (zit or _replacement(store, lost))
     everyone = sorted([*survivors, lost])
     if ok:
         receivers = [lost, *(rank for rank in survivors if steps[rank] < step)]
@@ -321,9 +358,40 @@ def report_replicas(replica_info):
     _arf["store"].set(f"replicas/{_arf['rank']}", repr(replica_info))
 
 
-def _replacement(store, lost):
-    """The lost rank's replacement has started and reported ``ARF FINISH`` within the limit."""
-    deadline = time.monotonic() + limit()
+def _downgrade(store, world, lost, survivors, counts, gone):
+    """MindIO's DowngradeRepairCallback: isolate the lost ranks' model replicas; the others go on."""
+    groups = [eval(store.get(f"dp/{rank}")) for rank in range(world) if store.check([f"dp/{rank}"])]
+    places = {group.index(rank) for group in groups for rank in lost if rank in group}
+    isolated = {*lost, *(group[place] for group in groups for place in places if place < len(group))}
+    everyone = sorted({*survivors, *lost})
+    unserved = [rank for rank in sorted(isolated) if not set(_replicas(store, everyone, rank)) - isolated]
+    why = ("rank 0 is among the isolated ranks" if 0 in isolated else
+           f"no complete duplication of ranks {unserved}' optimizer data outside them" if unserved else "")
+    if why:
+        record("fake_controller_downgrade_refused", sorted(isolated), why)
+        return False
+    going = sorted(set(survivors) - isolated)
+    new_dp = {rank: [peer for peer in next(group for group in groups if rank in group) if peer not in isolated]
+              for rank in going}
+    if not _act(store, counts, going, "zit_downgrade_rebuild", lambda rank: (new_dp[rank], going, DOWNGRADE_PARAMS)):
+        return False
+    leaving = sorted(isolated & set(survivors))
+    if leaving:  # ClusterD's faultNodesExit: their agents end them
+        record("fake_controller_fault_nodes_exit", leaving)
+        _go(store, leaving, "exit")
+    gone.update(isolated)
+    _go(store, going, "retry")
+    return True
+
+
+def report_data_parallel(ranks):
+    """The processor's data-parallel group (``tft_set_dp_group_info``), for the controller's isolation."""
+    _arf["store"].set(f"dp/{_arf['rank']}", repr(list(ranks)))
+
+
+def _replacement(store, lost, wait=None):
+    """The lost rank's replacement has started and reported ``ARF FINISH`` within ``wait`` s (the limit)."""
+    deadline = time.monotonic() + (limit() if wait is None else wait)
     while time.monotonic() < deadline:
         life = store.add(f"starts/{lost}", 0)
         if life > 1 and store.check([f"reported/{lost}/{life}"]):

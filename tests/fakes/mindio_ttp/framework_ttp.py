@@ -16,7 +16,8 @@ its processor is watched no more, its exit is no loss.
 Once a dump has started ``tft_start_updating_os`` raises. On PyTorch, registering the save handler
 makes SIGTERM and SIGINT do nothing, as MindIO's ``SaveHandler.register`` does.
 ``FT_FAKE_TTP_INIT=raise`` makes ``tft_init_processor`` raise like a failed processor start.
-With ``enable_arf=True`` the controller instead recovers a lost process in place (:mod:`.arf`).
+With ``enable_arf=True`` the controller instead recovers a lost process in place (:mod:`.arf`); with
+``enable_zit=True`` too, where no replacement comes, it scales the job in through the ZIT handlers.
 """
 
 import enum
@@ -33,7 +34,7 @@ from mindio_ttp import arf
 
 handlers = {}
 _state = {"step_args": None, "step": 0, "dumping": False, "updating": False, "dumps": {}, "controller": None,
-          "arf": False, "arf_controller": False, "rank": 0, "world": 1}
+          "arf": False, "arf_controller": False, "zit_controller": False, "rank": 0, "world": 1}
 _lock = threading.Lock()
 _updates = threading.Lock()  # an update starting and a dump beginning decide one after the other, never both
 
@@ -66,13 +67,13 @@ class OptimizerType(enum.Enum):
 
 def tft_init_controller(rank, world_size, enable_local_copy, enable_arf=False, enable_zit=False):
     record("tft_init_controller", rank, world_size, enable_local_copy, enable_arf=enable_arf, enable_zit=enable_zit)
-    _state.update(arf_controller=enable_arf, world=world_size)
+    _state.update(arf_controller=enable_arf, zit_controller=enable_zit, world=world_size)
 
 
 def tft_start_controller(bind_ip, port, enable_tls=True, tls_info=''):
     record("tft_start_controller", bind_ip, port, enable_tls, tls_info)
     if _state["arf_controller"]:
-        arf.start_controller(bind_ip, port, _state["world"])
+        arf.start_controller(bind_ip, port, _state["world"], _state["zit_controller"])
 
 
 def tft_init_processor(rank, world_size, enable_local_copy, enable_tls=True, tls_info='',
@@ -113,6 +114,8 @@ def tft_set_optimizer_replica(rank, replica_info):
 
 def tft_set_dp_group_info(rank, dp_rank_list):
     record("tft_set_dp_group_info", rank, dp_rank_list)
+    if _state["arf"]:
+        arf.report_data_parallel(dp_rank_list)
 
 
 def tft_set_step_args(args):
@@ -204,7 +207,8 @@ def _register(kind):
 
 
 for _kind in ("save_ckpt", "rename", "exit", "stop", "clean", "repair", "rollback", "rebuild_group",
-              "stream_sync"):
+              "stream_sync", "zit_downgrade_rebuild", "zit_upgrade_rebuild", "zit_upgrade_repair",
+              "zit_upgrade_rollback"):
     globals()[f"tft_register_{_kind}_handler"] = _register(_kind)
 
 
