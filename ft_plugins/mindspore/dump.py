@@ -102,7 +102,8 @@ class DumpEngine:
         self.peer_ranks: dict[int, int | None] = {}
         self.written: set[tuple[int, int]] = set()  # (step, rank) of the files this process tried to write
         self.lock = threading.Lock()
-        self.looking = threading.Lock()  # over ``peers``
+        self.looking = threading.Lock()  # over ``peers`` and ``loss``
+        self.loss = ""  # the first loss of a peer seen, by whichever thread saw it
         self.stopped = threading.Event()
         self.copy_seconds = 0.0
         self.speed: WriteSpeed | None = None
@@ -168,9 +169,8 @@ class DumpEngine:
         while not self.stopped.wait(POLL):
             started, snapshot = self.step_started, self.snapshot
             if not reason:
-                lost = self._newly_lost() if started is not None else []
-                if lost:
-                    reason = _exited(lost)
+                if started is not None and self._newly_lost():
+                    reason = self.loss
                     if snapshot is not None:  # at once: msrun's SIGKILL may come at its next poll, any moment
                         self.dump_safely(reason)
                         written = snapshot.step
@@ -201,7 +201,9 @@ class DumpEngine:
         with self.looking:
             gone = [pid for pid in self.peers if not alive(pid)]
             self.peers = [pid for pid in self.peers if pid not in gone]
-        lost = [pid for pid in gone if not _has_ended(pid)]
+            lost = [pid for pid in gone if not _has_ended(pid)]
+            if lost and not self.loss:  # claimed here, so that a SIGTERM right after names it too
+                self.loss = _exited(lost)
         if lost:
             recording.peers_lost([self.peer_ranks.get(pid) for pid in lost])
         return lost
@@ -211,9 +213,9 @@ class DumpEngine:
         _mark_ended()  # nor this end a fault of this rank to its peers
         # msrun's SIGTERM answers a worker's exit: where it came before the watcher saw the exit, the exit is still
         # the fault, and the SIGTERM its consequence
-        lost = self._newly_lost()
+        self._newly_lost()  # the watcher may have claimed the loss and not dumped yet: ``loss`` names it
         recording.noticed("SIGTERM", "signal")
-        self.dump_safely(f"SIGTERM after {_exited(lost)}" if lost else "SIGTERM")
+        self.dump_safely(f"SIGTERM after {self.loss}" if self.loss else "SIGTERM")
         exit_now(EXIT_ON_SIGTERM)
 
     # -- the dump ---------------------------------------------------------------------------------

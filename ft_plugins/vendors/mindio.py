@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import re
 from types import ModuleType
 from collections import namedtuple
@@ -41,6 +42,7 @@ HANDLERS = ("save_ckpt", "rename", "exit", "stop", "clean", "repair", "rollback"
 ZIT_HANDLERS = ("zit_downgrade_rebuild", "zit_upgrade_rebuild", "zit_upgrade_repair", "zit_upgrade_rollback")
 RET_OK, RET_ERROR = 0, 1  # what MindIO's handlers answer (clean returns it; the others raise for RET_ERROR)
 ARF_FINISH = "ARF FINISH"  # a replacement raises it from train: MindIO then rebuilds, repairs, rolls back
+ZIT_SWITCH = "enable_zit"  # tft_init_processor's (and tft_init_controller's) keyword for it
 _ITEM = r"^([A-Z]+):([0-9])$"  # compiled on first use (re caches it), not at import
 
 
@@ -132,19 +134,37 @@ def endpoint(env: Mapping[str, str], addr: str = "", port: int = 0, tls_info: st
     return Endpoint(controller, processor, port or DEFAULT_PORT, tls_info)
 
 
+def zit_lacking(api: ModuleType) -> str:
+    """What this MindIO lacks of ZIT, MindCluster's ``elastic-training`` ("" when it has all of it): the switch
+    ``tft_init_processor`` takes and the registration of each ZIT handler (a MindIO before them)."""
+    registrations = (f"tft_register_{kind}_handler" for kind in ZIT_HANDLERS)
+    missing = [name for name in registrations if not hasattr(api, name)]
+    try:
+        parameters = inspect.signature(api.tft_init_processor).parameters
+    except (TypeError, ValueError):  # no signature to read (a compiled function): its registrations tell
+        parameters = None
+    if parameters is not None and ZIT_SWITCH not in parameters and not any(
+            parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters.values()):
+        missing.insert(0, f"tft_init_processor's {ZIT_SWITCH}")
+    return ", ".join(missing)
+
+
 class TorchProcess:
     """One training process's side of MindIO TTP on PyTorch; every ``tft_*`` call ft_plugins makes."""
 
     def __init__(self, api: ModuleType, where: Endpoint) -> None:
         self.api = api
         self.where = where
+        self.zit = False  # ZIT switched on (:meth:`start`): its handlers are registered
 
     def start(self, rank: int, world_size: int, env: Mapping[str, str], arf: bool = False, zit: bool = False) -> None:
         """Before ``init_process_group``: the controller (rank 0 without TaskD), then this rank's processor;
         ``arf``: MindIO replaces a lost process and drives the repair handlers (the ``recover`` strategy); ``zit``:
-        where none replaces it, the survivors scale in through the ZIT handlers (``elastic-training``)."""
+        where none replaces it, the survivors scale in through the ZIT handlers (``elastic-training``), where this
+        MindIO has them (:func:`zit_lacking`; :attr:`zit` says)."""
         tls = bool(self.where.tls_info)
-        zit_switch = {"enable_zit": True} if zit else {}  # named only when on: a MindIO before ZIT lacks it
+        self.zit = zit and not zit_lacking(self.api)
+        zit_switch = {ZIT_SWITCH: True} if self.zit else {}  # named only when on: a MindIO before ZIT lacks it
         if rank == 0 and not env.get(TASK_ID_VAR, "").strip():
             self.api.tft_init_controller(rank, world_size, False, enable_arf=arf, **zit_switch)
             self.api.tft_start_controller(self.where.controller, self.where.port, tls, self.where.tls_info)
@@ -161,7 +181,7 @@ class TorchProcess:
         """Once the model and optimizer exist: replicas, data-parallel group, every handler, export version."""
         self.api.tft_set_optimizer_replica(rank, replica_info)
         self.api.tft_set_dp_group_info(rank, dp_ranks)
-        for kind in (*HANDLERS, *(kind for kind in ZIT_HANDLERS if kind in handlers)):
+        for kind in (*HANDLERS, *(ZIT_HANDLERS if self.zit else ())):
             getattr(self.api, f"tft_register_{kind}_handler")(handlers[kind])
         self.api.set_mindio_export_version(EXPORT_VERSION)
 

@@ -241,14 +241,15 @@ def test_a_peer_leaving_after_it_ended_training_is_no_loss(no_tft: Any, tmp_path
         shutil.rmtree(mark.parent, ignore_errors=True)
 
 
-@pytest.mark.parametrize("peer", ["SIGTERMed", "died"])
+@pytest.mark.parametrize("peer", ["SIGTERMed", "died", "died, seen by the watcher"])
 def test_sigterm_before_the_watcher_saw_a_peer_exit_still_names_the_exit_as_the_fault(
         no_tft: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
         peer: str) -> None:
     """msrun answers a worker's death with SIGTERM to the others within its second: on a loaded machine it may
     reach this rank before the watcher's look. The dump then still names the exit, and the exit is recorded as the
-    fault of its rank (the report's "death", not a "signal"); a peer that marked its own SIGTERM first is no loss.
-    And this rank marks its end before it dumps: to its peers, its exit is no loss."""
+    fault of its rank (the report's "death", not a "signal"), also where the watcher had seen it and not yet dumped;
+    a peer that marked its own SIGTERM first is no loss. And this rank marks its end before it dumps: to its peers,
+    its exit is no loss."""
     import shutil
     import subprocess
     import sys
@@ -270,6 +271,8 @@ def test_sigterm_before_the_watcher_saw_a_peer_exit_still_names_the_exit_as_the_
             mark.touch()
         process.wait()
         engine.peers, engine.peer_ranks = [process.pid], {process.pid: 1}
+        if peer == "died, seen by the watcher":  # its look, the dump still to come
+            assert engine._newly_lost() == [process.pid]
         engine._on_sigterm()
         assert Path(dump._ended_mark(os.getpid())).is_file()
         reason = "SIGTERM" if peer == "SIGTERMed" else f"SIGTERM after worker process {process.pid} of this node exited"

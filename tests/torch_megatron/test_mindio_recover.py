@@ -15,6 +15,7 @@ same DP=4 launch and fault); with recover off, the old handlers decline and Mind
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import signal
@@ -217,9 +218,6 @@ def test_handlers_called_out_of_order_answer_the_failure_code_and_say_why_in_one
         for kind, after in (("repair", "rebuild_group"), ("rollback", "rebuild_group or repair"), ("clean", "stop"),
                             ("rebuild_group", "clean"))]
     assert recovery.stage == "", "a refusal changes nothing"
-    recovery.stage = "clean"
-    assert _answer(arf, "stop") == 1 and "stop called after clean (expected after start or rollback)" in \
-        _refusals(caplog)[-1]
 
 
 @pytest.mark.parametrize("layout, info, why", [
@@ -308,6 +306,171 @@ def test_with_elastic_the_downgrade_refuses_what_cannot_scale_in_and_the_upgrade
         "recover: MindIO zit_downgrade_rebuild refused on rank 0: MindIO keeps 3 ranks, not whole model replicas of 2"
         + fallback,
         "recover: MindIO zit_upgrade_rebuild refused on rank 0: " + mindio_elastic.GROWING + fallback]
+
+
+@pytest.fixture
+def elastic(mindio: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
+    """A worker's MindIO ZIT handlers at rank 0 of 4 (DP=4, one rank a replica) after stop and clean, holding step
+    2; its store an in-process one; the stand-in's wrapping of the handlers."""
+    from mindio_ttp import arf
+    from torch.distributed import HashStore
+
+    from ft_plugins.steps import StepTracker
+    from ft_plugins.torch.megatron import mindio_elastic
+
+    recovery = mindio_elastic.MindioElastic(SimpleNamespace(settings={"timeout": 5.0}, recoveries=[]),
+                                            SimpleNamespace(tracker=StepTracker(), writer=Writer()),
+                                            SimpleNamespace(changes=[]))
+    recovery.objects, recovery.stage, recovery.store = ("model", "optimizer", "scheduler"), "clean", HashStore()
+    recovery.mine, recovery.replica = (FIRST, None, 8, 0.0), (0,)
+    for kind, handler in recovery.handlers().items():
+        getattr(mindio, f"tft_register_{kind}_handler")(handler)
+    monkeypatch.setattr(mindio_elastic, "megatron_args", lambda: SimpleNamespace(data_parallel_size=4))
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    return arf, recovery
+
+
+def _peer_stands(recovery: Any, rank: int, step: int, replica: list[int]) -> None:
+    """Rank ``rank``'s standing in the first downgrade, as its own handler writes it."""
+    from torch.distributed import PrefixStore
+
+    from ft_plugins.recovery import key
+
+    store = PrefixStore("mindio/downgrade/", recovery._launcher_store())
+    store.set(key(1, f"standing/{rank}"), json.dumps([step, 0, replica]))
+
+
+@pytest.mark.parametrize("step, replica, why", [
+    (FIRST - 1, [1], f"the ranks MindIO keeps do not all hold one completed step (rank 0: step {FIRST}, rank 1: "
+     f"step {FIRST - 1}): a downgrade hands no state over"),
+    (FIRST, [1, 2], "MindIO keeps ranks of model replicas without rank 2: only whole model replicas go on"),
+], ids=["steps-differ", "replica-not-whole"])
+def test_a_downgrade_the_kept_ranks_disagree_on_is_refused_before_anything_changed(
+        elastic: tuple, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, step: int,
+        replica: list[int], why: str) -> None:
+    """Decided alike on every kept rank from what each says of itself, before the size is set or a group rebuilt;
+    MindIO's list of kept ranks is taken in rank order, whatever its order."""
+    arf, recovery = elastic
+    resized: list[int] = []
+    monkeypatch.setattr(recovery.resize, "to", lambda size, refuse: resized.append(size))
+    _peer_stands(recovery, 1, step, replica)
+    caplog.set_level(logging.ERROR, "ft_plugins.recover")
+    assert _answer(arf, "zit_downgrade_rebuild", ([1, 0], [1, 0], '{"scale-in-strategy": "DP"}')) == 1
+    assert _refusals(caplog) == [f"recover: MindIO zit_downgrade_rebuild refused on rank 0: {why}; MindIO falls back "
+                                 "to its dump"]
+    assert resized == [] and recovery.downgrades == 0 and recovery.stage == "clean"
+
+
+def test_a_downgrade_failing_after_the_size_was_set_leaves_nothing_half_set(
+        elastic: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The groups' rebuild fails after the kept ranks agreed: no size stays set for a later handler, no scale-in
+    is announced, no repair in place follows (MindIO's rules after a downgrade: the dump)."""
+    arf, recovery = elastic
+    from ft_plugins import events
+    from ft_plugins.torch.megatron.mindio_recover import Refused
+
+    emitted: list[str] = []
+    monkeypatch.setattr(events, "emit", lambda kind, **fields: emitted.append(kind))
+    monkeypatch.setattr(recovery.resize, "to", lambda size, refuse: setattr(recovery.resize, "size", size) or 4)
+
+    def failing(*args: Any) -> list[str]:
+        raise RuntimeError("the store went away")
+
+    monkeypatch.setattr(recovery.regroup, "join", failing)
+    monkeypatch.setattr("ft_plugins.torch.megatron.mindio_elastic.megatron_roots", lambda objects: ())
+    _peer_stands(recovery, 1, FIRST, [1])
+    assert _answer(arf, "zit_downgrade_rebuild", ([0, 1], [0, 1], '{"scale-in-strategy": "DP"}')) == 1
+    assert recovery.resize.size == 0 and emitted == [] and recovery.downgrades == 0
+    recovery.downgrades = 1  # as after one that succeeded
+    with pytest.raises(Refused, match="a repair in place after a scale-in"):
+        recovery._rebuild([1])
+
+
+def test_after_a_scale_in_clean_holds_the_groups_at_the_size_they_stand(
+        wired: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun's ``WORLD_SIZE`` stays the job's first size; MindIO's stop and clean before its dump after a
+    downgrade hold the groups as they stand (rank 1 of 2), so that the dump meets no rank that is gone."""
+    _, recovery, _ = wired
+    from torch.distributed import HashStore
+
+    from ft_plugins.torch.megatron import mindio_recover
+
+    held: list[tuple[int, int]] = []
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setattr("torch.distributed.is_initialized", lambda: True)
+    monkeypatch.setattr("torch.distributed.get_rank", lambda: 1)
+    monkeypatch.setattr("torch.distributed.get_world_size", lambda: 2)
+    monkeypatch.setattr(recovery, "_standing", lambda: (FIRST + 1, None))
+    recovery.store = HashStore()
+    monkeypatch.setattr(mindio_recover, "megatron_roots", lambda objects: ())
+    monkeypatch.setattr(recovery.regroup, "hold", lambda rank, world, store, roots: held.append((rank, world)) or [])
+    recovery.stage = "stop"
+    assert recovery.clean(False, None, None) == 0
+    assert held == [(1, 2)]
+
+
+class Recorded:
+    """A MindIO ``framework_ttp`` as a release before ZIT has it (or with it): each call recorded."""
+
+    def __init__(self, zit: bool) -> None:
+        self.calls: list[tuple[str, dict]] = []
+        kinds = ("save_ckpt", "rename", "exit", "stop", "clean", "repair", "rollback", "rebuild_group", "stream_sync")
+        zit_kinds = ("zit_downgrade_rebuild", "zit_upgrade_rebuild", "zit_upgrade_repair", "zit_upgrade_rollback")
+        for name in [*(f"tft_register_{kind}_handler" for kind in (*kinds, *(zit_kinds if zit else ()))),
+                     "tft_start_controller", "tft_start_processor", "tft_set_optimizer_replica",
+                     "tft_set_dp_group_info", "set_mindio_export_version", "tft_init_controller"]:
+            setattr(self, name, self._recorder(name))
+        if zit:
+            def tft_init_processor(rank, world_size, enable_local_copy, enable_tls=True, tls_info="",  # noqa: ANN
+                                   enable_uce=True, enable_arf=False, enable_zit=False):
+                self.calls.append(("tft_init_processor", {"enable_zit": enable_zit}))
+        else:
+            def tft_init_processor(rank, world_size, enable_local_copy, enable_tls=True, tls_info="",  # noqa: ANN
+                                   enable_uce=True, enable_arf=False):
+                self.calls.append(("tft_init_processor", {}))
+        self.tft_init_processor = tft_init_processor
+
+    def _recorder(self, name: str) -> Any:
+        return lambda *args, **kwargs: self.calls.append((name, kwargs))
+
+    def called(self) -> list[str]:
+        return [name for name, _ in self.calls]
+
+
+@pytest.mark.parametrize("zit", [True, False], ids=["with-zit", "before-zit"])
+def test_a_mindio_before_zit_keeps_recovers_handlers_and_its_dump(
+        zit: bool, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """With ``elastic`` on, ZIT is switched on and its handlers registered only where MindIO has them: a MindIO
+    before ZIT is neither given ``enable_zit`` (a TypeError there had turned the whole MindIO engine off) nor asked
+    to register them; the run keeps recover's handlers and the dump, and says so in one line."""
+    from ft_plugins.torch.megatron import mindio
+    from ft_plugins.vendors.mindio import Endpoint, zit_lacking
+
+    api = Recorded(zit)
+    lacking = ("" if zit else "tft_init_processor's enable_zit, tft_register_zit_downgrade_rebuild_handler, "
+               "tft_register_zit_upgrade_rebuild_handler, tft_register_zit_upgrade_repair_handler, "
+               "tft_register_zit_upgrade_rollback_handler")
+    assert zit_lacking(api) == lacking
+    told: list[str] = []
+    recovery = SimpleNamespace(ZIT=True, without_zit=told.append, replacing=lambda: None,
+                               handlers=lambda: {kind: print for kind in (
+                                   "stop", "clean", "repair", "rollback", "rebuild_group", "zit_downgrade_rebuild",
+                                   "zit_upgrade_rebuild", "zit_upgrade_repair", "zit_upgrade_rollback")})
+    driver = mindio.MindioDriver(SimpleNamespace(where=Endpoint("127.0.0.1", "127.0.0.1", 0)), None, None)
+    driver.recovery = recovery
+    monkeypatch.setattr(mindio, "load_framework_api", lambda: api)
+    monkeypatch.setattr(mindio.TorchProcess, "rebooted", lambda self: False)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv("MINDX_TASK_ID", raising=False)
+    assert driver.initialize_distributed(lambda: "initialized", None, (), {}) == "initialized"
+    assert driver.process is not None, "the MindIO engine stays on"
+    assert [kwargs for name, kwargs in api.calls if name == "tft_init_processor"] == [
+        {"enable_zit": True} if zit else {}]
+    assert told == ([] if zit else [lacking])
+    driver.process.wire(0, [], [0], {**recovery.handlers(), "save_ckpt": print, "rename": print, "exit": print,
+                                     "stream_sync": print})
+    registered = [name for name in api.called() if name.startswith("tft_register_zit_")]
+    assert len(registered) == (4 if zit else 0), api.called()
 
 
 def test_a_failed_step_stops_children_ending_raising_in_the_main_thread_unless_recover_may_repair_it() -> None:

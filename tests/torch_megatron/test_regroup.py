@@ -169,3 +169,23 @@ def test_a_dump_gathers_in_groups_of_its_own_whichever_member_was_shut_down_firs
 
 def test_a_shutdown_waits_until_the_dumps_groups_are_released(members: list[str]) -> None:
     assert all(events == "['in use', 'gathered [1, 2]', 'released', 'shut down']" for events in members), members
+
+
+def test_the_default_stores_connections_are_told_by_its_address_not_its_port_number_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The connections kept open at a shutdown are the store's own: to its address, and those its server accepted
+    here; a connection to another address that shares the port number (another host's, a gloo peer's) is a group's,
+    and is shut down with them."""
+    import torch.distributed as dist
+    from torch.distributed import TCPStore
+
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    before = regroup._sockets()
+    client = TCPStore("127.0.0.2", server.port, is_master=False)  # the server listens on every address
+    theirs = regroup._sockets() - before
+    with socket.create_connection(("127.0.0.1", server.port)) as other:  # another address, the same port number
+        monkeypatch.setattr(dist.distributed_c10d, "_get_default_store", lambda: client)
+        found = regroup._store_connections()
+        assert theirs and theirs <= found, (theirs, found)
+        assert _link(other) not in found
+    del client, server

@@ -120,7 +120,7 @@ def _reconfigure_micro_batches(rank: int, megatron_args: Any, size: int) -> None
         getattr(calculator, "reconfigure_microbatch_calculator")(rank, *batches)
 
 
-def _replica() -> tuple[int, ...]:
+def model_replica() -> tuple[int, ...]:
     """The global ranks of this rank's model replica: its model-parallel group (every rank at its data-parallel
     index)."""
     import torch.distributed as dist
@@ -333,7 +333,7 @@ class MegatronElastic(MegatronRecovery):
         args, kwargs = self.resize.begin(args, kwargs, f"a lost rank not replaced within "
                                          f"{self.elastic.settings['wait']:.0f} s", "recover's fallback")
         if not self.resize.cannot:
-            self.member = Member(dist.get_rank(), int(os.environ.get("GROUP_RANK", "0")), _replica())
+            self.member = Member(dist.get_rank(), int(os.environ.get("GROUP_RANK", "0")), model_replica())
         return super().train(wrapped, instance, args, kwargs)
 
     # -- the scale-in ------------------------------------------------------------------------------
@@ -392,7 +392,7 @@ class MegatronElastic(MegatronRecovery):
         if not self.resize.resumed(self.batches, consumed):
             return
         megatron_args = megatron("training.global_vars").get_args()
-        self.member = self.member._replace(rank=megatron_args.rank, replica=_replica())  # as the next loss needs it
+        self.member = self.member._replace(rank=megatron_args.rank, replica=model_replica())  # the next loss's
         # the ranks are numbered anew, torchrun's are not: a worker of this node lost now is left to torchrun (the
         # dump, and its restart); a node lost is scaled in again
         self._store().set(REFUSED, "the job scaled in: its ranks are no longer torchrun's")

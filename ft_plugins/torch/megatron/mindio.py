@@ -21,7 +21,7 @@ from ft_plugins.torch.megatron.dump import MegatronDump
 from ft_plugins.torch.megatron.state import megatron, megatron_args
 from ft_plugins.logs import exit_now
 from ft_plugins.triggers import EXIT_ON_ERROR, UPDATE_WAIT, ignore_children
-from ft_plugins.vendors.mindio import TorchProcess, load_framework_api
+from ft_plugins.vendors.mindio import TorchProcess, load_framework_api, zit_lacking
 
 log = logging.getLogger("ft_plugins.ttp")
 
@@ -41,9 +41,12 @@ class MindioDriver:
         try:
             process = TorchProcess(load_framework_api(), self.feature.where)  # imports torch_npu: only now
             # before init_process_group: the launcher's variables are the only source of the rank
+            zit = bool(getattr(self.recovery, "ZIT", False))
             process.start(env_rank() or 0, int(os.environ.get("WORLD_SIZE", "1")), os.environ,
-                          arf=self.recovery is not None, zit=bool(getattr(self.recovery, "ZIT", False)))
+                          arf=self.recovery is not None, zit=zit)
             self.process = process
+            if zit and not process.zit:  # recover's handlers and the dump stay
+                self.recovery.without_zit(zit_lacking(process.api))
             if self.recovery is not None and process.rebooted():
                 self.recovery.replacing()
         except Exception as exc:  # never into training: the run goes on without dying-gasp saves

@@ -13,8 +13,12 @@ are laid out for the new size, every rank stands at K, and the data iterators ar
 
 Refused in one line (MindIO then takes its dump): a run :func:`.elastic.unscalable` names, a global batch the new
 size does not divide (without Megatron's ``--decrease-batch-size-if-needed``), ranks that do not all hold one
-completed step (a fault in the optimizer update: a downgrade hands no state over), a second scale-in, and MindIO's
-scale-out ("upgrade"): growing back is a restart, from the dump.
+completed step (a fault in the optimizer update: a downgrade hands no state over) or that are not whole model
+replicas, a second scale-in or a repair in place after one (MindIO's own rules then offer only the dump, which
+takes this rank and size as the groups stand: :func:`.mindio_recover.placement`), and MindIO's scale-out
+("upgrade"): growing back is a restart, from the dump. Each of these is decided alike on every rank before anything
+changed; a failure after the groups were built again (none is known) leaves MindIO's dump the last save.
+A MindIO without ZIT (:func:`ft_plugins.vendors.mindio.zit_lacking`) keeps ``recover``'s handlers and its dump.
 """
 
 from __future__ import annotations
@@ -29,10 +33,10 @@ from ft_plugins import progress
 from ft_plugins.features.elastic import Elastic
 from ft_plugins.features.recover import Recover
 from ft_plugins.patching import Patch
-from ft_plugins.rank import global_rank
+from ft_plugins.rank import on_rank_zero
 from ft_plugins.recovery import NODES, REFUSED, await_keys, key
-from ft_plugins.torch.megatron.elastic import Resize
-from ft_plugins.torch.megatron.mindio_recover import MindioRecovery, Refused
+from ft_plugins.torch.megatron.elastic import Resize, model_replica
+from ft_plugins.torch.megatron.mindio_recover import MindioRecovery, Refused, placement
 from ft_plugins.torch.megatron.regroup import megatron_roots, require_successors
 from ft_plugins.torch.megatron.state import megatron_args
 
@@ -52,6 +56,15 @@ class MindioElastic(MindioRecovery):
         self.elastic = elastic
         self.resize = Resize()
         self.downgrades = 0
+        self.lacking = ""  # what of ZIT this MindIO lacks (then recover's handlers and the dump only)
+        self.replica: tuple[int, ...] = ()  # the global ranks of this rank's model replica
+
+    def without_zit(self, lacking: str) -> None:
+        """This MindIO has no ZIT: recover's handlers and its dump stay; a lost rank with no replacement takes
+        the dump."""
+        self.lacking = lacking
+        on_rank_zero(log.warning, "elastic: the installed MindIO lacks %s (MindCluster's elastic-training): a "
+                     "lost rank with no replacement takes MindIO's dump; install a MindIO with ZIT", lacking)
 
     def patches(self) -> tuple[Patch, ...]:
         return (*super().patches(), *self.resize.patches())
@@ -62,14 +75,16 @@ class MindioElastic(MindioRecovery):
                 "zit_upgrade_rollback": self.upgrade_rollback}
 
     def train(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-        args, kwargs = self.resize.begin(args, kwargs, "a lost rank MindCluster does not reschedule (its downgrade)",
-                                         "MindIO's dump")
+        if not self.lacking:
+            args, kwargs = self.resize.begin(args, kwargs, "a lost rank MindCluster does not reschedule (its "
+                                             "downgrade)", "MindIO's dump")
+            self.replica = () if self.resize.cannot else model_replica()
         return super().train(wrapped, instance, args, kwargs)
 
     # -- MindIO's ZIT handlers ---------------------------------------------------------------------
     def downgrade_rebuild(self, new_dp_ranks: list[int], new_world_ranks: list[int], train_args: Any,
                           params: Any) -> None:
-        self._guard("zit_downgrade_rebuild", self._downgrade, list(new_world_ranks))
+        self._guard("zit_downgrade_rebuild", self._downgrade, sorted(set(new_world_ranks)))
 
     def upgrade_rebuild(self, rank_list: list[int], train_args: Any, params: Any) -> None:
         self._grow("zit_upgrade_rebuild")
@@ -82,11 +97,18 @@ class MindioElastic(MindioRecovery):
         self._grow("zit_upgrade_rollback")
 
     # -- what they do ------------------------------------------------------------------------------
+    def _rebuild(self, fault_ranks: list[int]) -> None:
+        if self.downgrades:  # MindIO's own rules after a downgrade: its dump, and the exit
+            raise Refused("a repair in place after a scale-in: the job's ranks are no longer those MindIO started")
+        super()._rebuild(fault_ranks)
+
     def _downgrade(self, going: list[int]) -> None:
-        """Go on with the ranks ``going`` (old numbering), every one at the step all of them completed last."""
+        """Go on with the ranks ``going`` (old numbering, sorted), every one at the step all of them completed last.
+        What every rank can refuse alike is refused before anything changed; the size is set once they agreed."""
         from torch.distributed import PrefixStore
 
-        rank, world, parsed = global_rank() or 0, int(os.environ["WORLD_SIZE"]), megatron_args()
+        rank, world = placement()
+        parsed = megatron_args()
         if self.resize.cannot:
             raise Refused(f"this run cannot go on at a smaller data-parallel size: {self.resize.cannot}")
         if self.downgrades:
@@ -96,31 +118,32 @@ class MindioElastic(MindioRecovery):
         replica = world // parsed.data_parallel_size  # the ranks of one model replica
         if len(going) % replica:
             raise Refused(f"MindIO keeps {len(going)} ranks, not whole model replicas of {replica}")
-        batch = self.resize.to(len(going) // replica, Refused)
-        store = PrefixStore("mindio/downgrade/", self._store())
+        store = PrefixStore("mindio/downgrade/", self._launcher_store())  # the keys of this set of workers
         generation = store.add(f"count/{rank}", 1)  # every rank that goes on counts alike
         completed = self.mine[0] if self.mine is not None else -1
-        store.set(key(generation, f"standing/{rank}"), json.dumps([completed, int(os.environ.get("GROUP_RANK", "0"))]))
+        store.set(key(generation, f"standing/{rank}"),
+                  json.dumps([completed, int(os.environ.get("GROUP_RANK", "0")), list(self.replica)]))
         found = [json.loads(raw) for raw in await_keys(store, generation, [f"standing/{peer}" for peer in going],
                                                         "the standings of the ranks MindIO keeps",
                                                         self.feature.settings["timeout"])]
-        steps = sorted({step for step, _ in found})
-        if len(steps) > 1 or steps[0] < 0:  # decided alike on every rank, before anything changed
-            held = ", ".join(f"rank {peer}: {'torn' if step < 0 else f'step {step}'}"
-                             for peer, (step, _) in zip(going, found))
-            raise Refused(f"the ranks MindIO keeps do not all hold one completed step ({held}): a downgrade hands no "
-                          "state over")
+        refusal = _disagreement(going, found)  # the same on every rank: decided before anything changed
+        if refusal:
+            raise Refused(refusal)
+        batch = self.resize.to(len(going) // replica, Refused)
         place = going.index(rank)
-        change = self.resize.announce("MindIO's downgrade", sorted(set(range(world)) - set(going)), len(going), batch,
-                                      generation, place == 0)
-        require_successors(self.regroup.join(place, len(going), PrefixStore(key(generation, "world/"), store),
-                                               megatron_roots(self.objects)), Refused)
-        self.resize.rebuilt(self.objects, self.tracker, completed, Refused)
-        self.resize.resumed(self.batches, self._stand_at(completed))
+        try:
+            require_successors(self.regroup.join(place, len(going), PrefixStore(key(generation, "world/"), store),
+                                                   megatron_roots(self.objects)), Refused)
+            change = self.resize.announce("MindIO's downgrade", sorted(set(range(world)) - set(going)), len(going),
+                                          batch, generation, place == 0)
+            self.resize.rebuilt(self.objects, self.tracker, completed, Refused)
+            self.resize.resumed(self.batches, self._stand_at(completed))
+        finally:
+            self.resize.size = 0  # nothing half-set for a later handler: the dump takes what the groups hold
         self.downgrades += 1
         if place == 0:  # speaks for the job
             launcher = self._launcher_store()
-            launcher.set(NODES, json.dumps(sorted({node for _, node in found})))  # torchrun's exit barrier's
+            launcher.set(NODES, json.dumps(sorted({node for _, node, _ in found})))  # torchrun's exit barrier's
             launcher.set(REFUSED, "the job scaled in: its ranks are no longer torchrun's")
             self.elastic.changes.append(change)
             log.warning("elastic: MindIO downgrade in %.2f s: every rank stands at step %d, training continues at "
@@ -131,3 +154,18 @@ class MindioElastic(MindioRecovery):
     def _grow(self, stage: str) -> None:
         self._refusal(stage, Refused(GROWING))
         raise Refused(GROWING)
+
+
+def _disagreement(going: list[int], found: list[list]) -> str:
+    """Why the ranks MindIO keeps cannot go on together ("" when they can), from each one's standing (its completed
+    step, -1 when torn; its node; its model replica): not one completed step, or a replica not kept whole."""
+    steps = sorted({step for step, _, _ in found})
+    if len(steps) > 1 or steps[0] < 0:
+        held = ", ".join(f"rank {peer}: {'torn' if step < 0 else f'step {step}'}"
+                         for peer, (step, _, _) in zip(going, found))
+        return f"the ranks MindIO keeps do not all hold one completed step ({held}): a downgrade hands no state over"
+    broken = sorted({peer for _, _, replica in found for peer in replica} - set(going))
+    if broken:
+        return (f"MindIO keeps ranks of model replicas without rank{'s' if len(broken) > 1 else ''} "
+                f"{', '.join(map(str, broken))}: only whole model replicas go on")
+    return ""

@@ -43,8 +43,9 @@ from ft_plugins.vendors import mindio
 log = logging.getLogger("ft_plugins.recover")
 
 STAGES = ("stop", "clean", "rebuild_group", "repair", "rollback")
-# the stage each handler follows: what MindIO's controller has called on this rank before it
-AFTER = {"stop": ("", "rollback"), "clean": ("stop",), "rebuild_group": ("clean",), "repair": ("rebuild_group",),
+# the stage each handler follows: what MindIO's controller has called on this rank before it. MindIO stops and
+# cleans before each dump too (its TTP_STOP_CLEAN_BEFORE_DUMP), whatever stage failed: a stop follows any
+AFTER = {"stop": ("", *STAGES), "clean": ("stop",), "rebuild_group": ("clean",), "repair": ("rebuild_group",),
          "rollback": ("rebuild_group", "repair"), "zit_downgrade_rebuild": ("clean",)}
 ENDING = ("rollback", "zit_downgrade_rebuild")  # the handlers after which training goes on
 
@@ -139,7 +140,7 @@ class MindioRecovery:
                 raise Refused("a memory error (UCE) on this device is not repaired in place")
             mindio.restart_device()
             self.running, self.mine = self._standing()
-            rank, world = global_rank() or 0, int(os.environ["WORLD_SIZE"])
+            rank, world = placement()
             from torch.distributed import PrefixStore
 
             require_successors(self.regroup.hold(rank, world, PrefixStore("mindio-hold/", self._store()),
@@ -172,7 +173,7 @@ class MindioRecovery:
     def _rebuild(self, fault_ranks: list[int]) -> None:
         from torch.distributed import PrefixStore
 
-        rank, world = global_rank() or 0, int(os.environ["WORLD_SIZE"])
+        rank, world = placement()
         self.started = self.started if not self.replacement else time.monotonic()
         store = self._store()
         # every rebuild involves every rank, and a replacement carries its rank's count on: all agree
@@ -316,6 +317,15 @@ class MindioRecovery:
             self.store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                                   timeout=timedelta(seconds=self.feature.settings["timeout"]))
         return self.store
+
+
+def placement() -> tuple[int, int]:
+    """This rank and the job's size as its groups stand: a scale-in numbered them anew, torchrun's variables not."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return global_rank() or 0, int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def _unsupported(info: dict[str, Any]) -> str:

@@ -286,10 +286,12 @@ def _sockets() -> set[str]:
 
 
 def _store_connections() -> set[str]:
-    """The connections of the default group's store (to its TCPStore's port, and those its server accepted where it
-    runs here), opened by ``init_process_group`` with the group's own: never shut down with them, for a dump meets
-    groups of its own on that store (a shutdown's broken pipe had left MindIO's dump, after its stop, with no shard
-    written)."""
+    """The connections of the default group's store, opened by ``init_process_group`` with the group's own: never shut
+    down with them, for a dump meets groups of its own on that store (a shutdown's broken pipe had left MindIO's
+    dump, after its stop, with no shard written). Those to its address, and those its server accepted where it
+    listens in this process; not another host's connection that merely shares the port number."""
+    import socket
+
     import torch.distributed as dist
 
     try:
@@ -298,16 +300,48 @@ def _store_connections() -> set[str]:
         return set()
     while hasattr(store, "underlying_store"):  # PrefixStore
         store = store.underlying_store
-    port = getattr(store, "port", None)
-    found = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6") if port else ():
+    port, host = getattr(store, "port", None), getattr(store, "host", None)
+    if not port or not host:
+        return set()
+    try:
+        addresses = {_ip(info[4][0]) for info in socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)}
+    except OSError:
+        addresses = set()
+    rows, mine = _tcp_rows(), _sockets()
+    listening = any(local[1] == port and state == _LISTEN and inode in mine for local, _, state, inode in rows)
+    return {inode for local, remote, _, inode in rows
+            if (remote[1] == port and remote[0] in addresses) or (listening and local[1] == port)}
+
+
+_LISTEN = "0A"  # /proc/net/tcp's state of a listening socket
+
+
+def _ip(text: str) -> Any:
+    """An address as :mod:`ipaddress` has it, an IPv4-mapped IPv6 one as its IPv4 (``%scope`` dropped)."""
+    import ipaddress
+
+    address = ipaddress.ip_address(text.split("%", 1)[0])
+    return getattr(address, "ipv4_mapped", None) or address
+
+
+def _tcp_rows() -> list[tuple[tuple[Any, int], tuple[Any, int], str, str]]:
+    """This network namespace's TCP sockets: (local (ip, port), remote (ip, port), state, ``socket:[inode]``)."""
+    import socket
+
+    def endpoint(field: str) -> tuple[Any, int]:
+        address, port = field.rsplit(":", 1)
+        raw = bytes.fromhex(address)  # in 32-bit words of the host's order (little-endian here)
+        packed = b"".join(raw[index:index + 4][::-1] for index in range(0, len(raw), 4))
+        return _ip(socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, packed)), int(port, 16)
+
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table) as rows:
                 next(rows)
                 for row in rows:  # sl local_address rem_address st ... inode
                     fields = row.split()
-                    if port in (int(fields[1].rsplit(":", 1)[1], 16), int(fields[2].rsplit(":", 1)[1], 16)):
-                        found.add(f"socket:[{fields[9]}]")
+                    found.append((endpoint(fields[1]), endpoint(fields[2]), fields[3], f"socket:[{fields[9]}]"))
         except OSError:
             continue
     return found

@@ -13,6 +13,9 @@ blocked in (a rank whose collectives never reach the lost one learns of the loss
 per step and process: later requests of the same step get the first one's outcome. Once the guarded function
 returned, rank 0 ends its controller and every rank its processor (MindIO's ``ttp_destroy``): a process that ended
 its processor is watched no more, its exit is no loss.
+``set_mindio_export_version`` switches on MindIO's stop and clean before every dump (it sets
+``TTP_STOP_CLEAN_BEFORE_DUMP=1``; the processor's ``StopAndCleanBeforeDump`` then calls the registered stop and
+clean handlers first, a failure only logged): recorded as ``fake_before_dump`` with each answer.
 Once a dump has started ``tft_start_updating_os`` raises. On PyTorch, registering the save handler
 makes SIGTERM and SIGINT do nothing, as MindIO's ``SaveHandler.register`` does.
 ``FT_FAKE_TTP_INIT=raise`` makes ``tft_init_processor`` raise like a failed processor start.
@@ -34,7 +37,8 @@ from mindio_ttp import arf
 
 handlers = {}
 _state = {"step_args": None, "step": 0, "dumping": False, "updating": False, "dumps": {}, "controller": None,
-          "arf": False, "arf_controller": False, "zit_controller": False, "rank": 0, "world": 1}
+          "arf": False, "arf_controller": False, "zit_controller": False, "rank": 0, "world": 1,
+          "stop_clean_before_dump": False}
 _lock = threading.Lock()
 _updates = threading.Lock()  # an update starting and a dump beginning decide one after the other, never both
 
@@ -154,6 +158,7 @@ def tft_get_repair_type():
 
 def set_mindio_export_version(version):
     record("set_mindio_export_version", version)
+    _state["stop_clean_before_dump"] = True  # MindIO's TTP_STOP_CLEAN_BEFORE_DUMP=1, set here
 
 
 def tft_exception_handler(func):
@@ -235,6 +240,8 @@ def _dump(step, save_info):
     if step in _state["dumps"]:
         return _state["dumps"][step]
     errors = _state["dumps"][step] = []
+    if _state["stop_clean_before_dump"]:
+        _stop_and_clean()
 
     def run():
         try:
@@ -253,6 +260,20 @@ def _dump(step, save_info):
     thread.start()
     thread.join()
     return errors
+
+
+def _stop_and_clean():
+    """MindIO's ``Processor::StopAndCleanBeforeDump``: the stop handler, then the clean handler; a failure is only
+    logged, and the dump follows."""
+    for kind in ("stop", "clean"):
+        if kind not in handlers:
+            continue
+        func, ctx = handlers[kind]
+        try:
+            answer = func(_state["step_args"], ctx) if kind == "stop" else func(False, _state["step_args"], ctx)
+        except Exception as exc:
+            answer = f"{type(exc).__name__}: {exc}"
+        record("fake_before_dump", kind, answer if answer is None or isinstance(answer, (int, str)) else repr(answer))
 
 
 def _serve(requests):
