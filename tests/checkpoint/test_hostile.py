@@ -329,6 +329,35 @@ def test_a_shard_record_of_the_wrong_shape_is_refused(state: bytes, tmp_path: Pa
                                                  "offset and length")
 
 
+def test_torch_size_named_by_a_metadata_is_built_from_one_tuple_or_refused(tmp_path: Path, metadata_walk: str) -> None:
+    """``torch.Size``, every offset and size of a DCP ``.metadata``, stands in at C speed: built from its one tuple,
+    a real save's records read as before; a file that builds it from one string 65,536 times (what a copy of its
+    argument would make half a gigabyte of) is read within its bounds, and one that gives it no tuple or two arguments
+    is refused."""
+    import pickle
+
+    import torch
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+
+    (tmp_path / "__0_0.distcp").write_bytes(b"\0" * 16)
+    metadata = tmp_path / ".metadata"
+    real = {MetadataIndex("w", torch.Size([0, 4]), 0): _StorageInfo("__0_0.distcp", 8, 8)}
+    metadata.write_bytes(pickle.dumps(real, protocol=4))
+    assert probe(str(metadata)) is None
+    metadata.write_bytes(pickle.dumps({**real, MetadataIndex("v", torch.Size([4]), 0): _StorageInfo(
+        "__0_0.distcp", 12, 8)}, protocol=4))
+    assert probe(str(metadata)) == "__0_0.distcp holds 16 bytes, its shards need 20 (truncated)"
+    size = b"\x8c\x05torch\x8c\x04Size\x93"
+    string = b"X" + struct.pack("<I", 1 << 10) + b"s" * (1 << 10)
+    copies = b"h\x00h\x01\x85R\x940" * (1 << 16)  # each kept in the memo: half a gigabyte as 1,024-tuples
+    metadata.write_bytes(b"\x80\x04" + size + b"\x940" + string + b"\x940" + copies + _records(_state(offset=8))[2:])
+    assert probe(str(metadata)) is None
+    for arguments in (b"N\x85", b"K\x01K\x02\x86"):  # no tuple; two arguments
+        metadata.write_bytes(b"\x80\x04" + size + arguments + b"R0" + _records(_state())[2:])
+        assert probe(str(metadata)).startswith("pickle opcodes broken: TypeError"), arguments
+
+
 def test_a_metadata_walk_that_cannot_run_apart_runs_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """No interpreter to start, or one that ends without its answer: the check walks the file itself, with the
     same answers."""
