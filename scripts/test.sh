@@ -6,7 +6,8 @@
 #   newest  the tests of the newest releases, installed beside the pinned ones: framework tests again, and the
 #           Megatron modules marked newest_megatron, which run on megatron-core 0.19 only (each Megatron module
 #           runs on one release: both lanes fit their 45 minutes on 2 cores)
-# Each lane says its time; the run fails when either does. `--lane pinned|newest`: one lane only.
+# Each lane says its time; the run fails when either does; the last lines name every failed test and the
+# verdicts again, so that a log's tail says what failed. `--lane pinned|newest`: one lane only.
 # `--fast`: unit and single-process tests only (no multi-rank training run, no launcher job, none that
 # imports a whole framework tree), for working. Any further arguments go to pytest (`-n 0`: one process).
 set -euo pipefail
@@ -47,6 +48,8 @@ case "${1:-}" in
 esac
 bash scripts/setup.sh
 failed=0
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
 for lane in "${lanes[@]}"; do
   if [ "$lane" = pinned ]; then
     selection=("${NEWEST[@]/#/--ignore=}" -m "not newest_megatron")
@@ -55,8 +58,13 @@ for lane in "${lanes[@]}"; do
   fi
   started=$SECONDS
   status=0
-  .venv/bin/python -m pytest -n 2 "${selection[@]}" "$@" || status=$?
+  .venv/bin/python -m pytest -n 2 "${selection[@]}" "$@" 2>&1 | tee "$logs/$lane" || status=$?
   if [ "$status" = 0 ]; then verdict=passed; else verdict="FAILED (pytest exit $status)"; failed=1; fi
-  echo "lane $lane: $verdict in $((SECONDS - started)) s"
+  echo "lane $lane: $verdict in $((SECONDS - started)) s" | tee -a "$logs/verdicts"
 done
+# the verdicts and every failed test's summary line again, last: a log read from its end names them
+for lane in "${lanes[@]}"; do
+  grep -E '^(FAILED|ERROR) ' "$logs/$lane" | sed "s/^/lane $lane: /" || true
+done
+cat "$logs/verdicts"
 exit "$failed"
