@@ -41,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_recover import ITERATION, ROOT, SHAPES, _run  # noqa: E402
+from bench_recover import ITERATION, ROOT, SHAPES, _run, run_job  # noqa: E402
 
 from ft_plugins.features.hangs import Hangs  # noqa: E402
 
@@ -84,15 +84,7 @@ def nvrx_run(workdir: Path, iters: int, fault: int, learned: Path, **env: str) -
                "--standalone", "--max-restarts", "1", *NVRX_SECTIONS, str(NVRX_WORKER), *arguments,
                "--train-iters", str(iters), "--save", str(save), "--load", str(save), "--save-interval", str(fault),
                "--enable-ft-package", "--calc-ft-timeouts"]
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "TORCHELASTIC"))}
-    clean.update(shape_env, PYTHONPATH=os.pathsep.join(filter(None, [str(NVRX), str(ROOT), clean.get("PYTHONPATH")])),
-                 TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
-    result = subprocess.run(command, cwd=workdir, env={**clean, **env}, capture_output=True, text=True)
-    output = result.stdout + result.stderr
-    if result.returncode != 0:
-        kept = Path(tempfile.mkdtemp(prefix="nvrx_run_")) / "output.txt"
-        kept.write_text(output)
-        raise SystemExit(f"an NVRx run failed ({env}; its whole output: {kept}):\n{output[-3000:]}")
+    output = run_job(command, workdir, {**shape_env, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **env}, (str(NVRX),))
     if not learned.exists():
         shutil.copy(save / learned.name, learned)
     return output

@@ -62,17 +62,26 @@ def _run(workdir: Path, shape: str, iters: int, restarts: bool, **env: str) -> t
     command = [sys.executable, "-m", "ft_plugins.cli", "run", "--", TORCHRUN, "--nproc-per-node", str(ranks), *launcher,
                str(EXAMPLE), *arguments, "--train-iters", str(iters),
                "--save", str(save), "--load", str(save), "--save-interval", str(10 * iters)]
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "TORCHELASTIC"))}
-    clean.update(shape_env)
-    clean["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), clean.get("PYTHONPATH", "")]))
-    if restarts:
-        clean["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # each attempt its own store (see docs/verified.md)
+    if restarts:  # each attempt its own store (see docs/verified.md)
+        shape_env = {**shape_env, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     started = time.monotonic()
+    output = run_job(command, workdir, {**shape_env, **env})
+    return time.monotonic() - started, output
+
+
+def run_job(command: list[str], workdir: Path, env: dict[str, str], path: tuple[str, ...] = ()) -> str:
+    """``command`` run in ``workdir`` with this process's environment less its ft_plugins and torchrun variables, plus
+    ``env``, ``path`` and the repository first on ``PYTHONPATH``; its output (stdout, then stderr). A failed run
+    ends the benchmark with its tail, its whole output kept in a file the message names."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("FT_PLUGINS", "TORCHELASTIC"))}
+    clean["PYTHONPATH"] = os.pathsep.join(filter(None, [*path, str(ROOT), clean.get("PYTHONPATH", "")]))
     result = subprocess.run(command, cwd=workdir, env={**clean, **env}, capture_output=True, text=True)
-    elapsed = time.monotonic() - started
+    output = result.stdout + result.stderr
     if result.returncode != 0:
-        raise SystemExit(f"a run failed ({env}):\n{(result.stdout + result.stderr)[-3000:]}")
-    return elapsed, result.stdout + result.stderr
+        kept = Path(tempfile.mkdtemp(prefix="failed_run_")) / "output.txt"
+        kept.write_text(output)
+        raise SystemExit(f"a run failed ({env}; its whole output: {kept}):\n{output[-3000:]}")
+    return output
 
 
 def training_loop(output: str, iters: int) -> float:
