@@ -1,11 +1,13 @@
 """A forked child (a DataLoader's worker) that collects a cycle of garbage it inherited, holding a destroyed gloo
 group: the group's destructor joins the parent's threads, which the child does not have, and the child hangs (or
 aborts). With ft_plugins' torch integration on, the fork freezes the collector's objects first: the child collects
-only its own and exits at once. Negative control, the guard off: the child never exits by itself."""
+only its own and exits at once. Negative control, the guard off: the child never exits by itself, or is killed by a
+signal (the destructor's join crashed it): it never exits cleanly."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -67,5 +69,6 @@ def test_with_the_guard_the_child_collects_only_its_own_and_exits(forked: dict[s
     assert forked["on"] == "exit 0 frozen after fork: 0", forked  # the parent's objects unfrozen again
 
 
-def test_without_it_the_child_collecting_the_inherited_group_never_ends(forked: dict[str, str]) -> None:
-    assert forked["off"] == "still running", forked
+def test_without_it_the_child_collecting_the_inherited_group_hangs_or_crashes(forked: dict[str, str]) -> None:
+    hung, crashed = forked["off"] == "still running", re.fullmatch(r"exit -\d+ frozen after fork: 0", forked["off"])
+    assert hung or crashed, forked  # which of the two depends on where the parent's threads stood at the fork
