@@ -14,17 +14,19 @@ Launches of ``examples/megatron_gpt/pretrain_gpt.py`` per round, with the same a
             run), a save at the fault's step that the restart loads (nothing trained again); installed on first use
             into .venv/nvrx-0.4.1 (pip)
 ft_plugins' step bound is the floor (``--floor``; the learned 5 x the slowest step is below it here), the grace
-before SIGKILL ``--grace``; ``--defaults``: neither set, ft_plugins' own defaults (a floor of 60 s). A fault's time
-to training again comes from Megatron's timestamped iteration lines: from the line of the last step completed before
-it to the line of the next step, less one step (the fastest interval between two lines). Rounds alternate the runs,
-so machine noise hits all alike. Prints each median, the ratio hang / death of each way and the goal a hang costs
+before SIGKILL ``--grace``; ``--defaults``: neither set, ft_plugins' own defaults (a floor of 1 s; a batch, a
+collection, a save and an evaluation bounded apart). A fault's time to training again comes from Megatron's
+timestamped iteration lines: from the line of the last step completed before it to the line of the next step, less
+one step (the fastest interval between two lines). Rounds alternate the runs, so machine noise hits all alike. Prints each median, the ratio hang / death of each way and the goal a hang costs
 less than twice a death plus the bound; with nvrx, each way's hang against NVRx's (goal: at most half).
 
 ``--stall S`` adds a run per way and round in which rank 1's data loader stalls ``S`` seconds at the same step and
-the job goes on: healthy, so a way that ends it as a hang raised a false alarm (counted).
+the job goes on: healthy, so a way that ends it as a hang raised a false alarm (counted). ``--soak`` adds a run per
+way and round of a healthy job with what real jobs have (:data:`SOAK`): slow first steps, a 2 s garbage collection,
+a save every 5 steps, an evaluation every 10, a data loader that stalls 3 s; each alarm in it is a false one.
 
     python benchmarks/bench_hangs.py [--iters 30] [--fault 20] [--rounds 3] [--floor 3] [--grace 1] [--defaults]
-                                     [--stall 2] [--ways "in place,spare,restart,nvrx"]
+                                     [--stall 2] [--soak] [--ways "in place,spare,restart,nvrx"]
 """
 
 from __future__ import annotations
@@ -56,7 +58,13 @@ NVRX_WORKER = Path(__file__).resolve().parent / "nvrx_worker.py"
 NVRX_SECTIONS = ("--ft-param-rank_section_timeouts=setup:600,step:180,checkpointing:420",
                  "--ft-param-rank_out_of_section_timeout=300")
 KINDS = {"death": "kill", "hang": "stuck"}
-ALARM = {False: "made no progress for", True: "FT timeout elapsed"}  # a hang found, by ft_plugins / by NVRx
+# a hang found (one rank's, or every rank stalled alike), by ft_plugins / by NVRx
+ALARMS = {False: ("made no progress for", "hangs: every rank"), True: ("FT timeout elapsed",)}
+# a healthy job's pauses: slow first steps (every rank 4 s, then rank 0 2 s more: compilation, first batches), a 2 s
+# garbage collection, a data loader that stalls 3 s; with a save every 5 steps and an evaluation every 10
+SOAK = ";".join([*(f"rank={rank},step=0,kind=slow,seconds=4" for rank in range(4)), "rank=0,step=1,kind=slow,seconds=2",
+                 "rank=2,step=12,kind=slow,at=gc,seconds=2", "rank=1,step=17,kind=slow,at=data,seconds=3"])
+SOAK_ARGUMENTS = ("--save-interval", "5", "--eval-interval", "10", "--eval-iters", "2")
 
 
 def to_training(output: str, completed: int) -> float:
@@ -69,9 +77,10 @@ def to_training(output: str, completed: int) -> float:
     return times[completed + 1][-1] - times[completed][0] - step
 
 
-def nvrx_run(workdir: Path, iters: int, fault: int, learned: Path, **env: str) -> str:
+def nvrx_run(workdir: Path, iters: int, fault: int, learned: Path, *extra: str, **env: str) -> str:
     """One run of the job under NVRx's ``ft_launcher`` (one restart allowed), saved at step ``fault``, with the
-    timeouts ``learned`` (``ft_state.json``) where it exists, else learning them there; its output."""
+    timeouts ``learned`` (``ft_state.json``) where it exists, else learning them there (``extra``: Megatron
+    arguments after these); its output."""
     if not (NVRX / "nvidia_resiliency_ext").is_dir():
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(NVRX),
                         *NVRX_PACKAGES], check=True)
@@ -83,7 +92,7 @@ def nvrx_run(workdir: Path, iters: int, fault: int, learned: Path, **env: str) -
     command = [sys.executable, "-m", "nvidia_resiliency_ext.fault_tolerance.launcher", "--nproc-per-node", str(ranks),
                "--standalone", "--max-restarts", "1", *NVRX_SECTIONS, str(NVRX_WORKER), *arguments,
                "--train-iters", str(iters), "--save", str(save), "--load", str(save), "--save-interval", str(fault),
-               "--enable-ft-package", "--calc-ft-timeouts"]
+               "--enable-ft-package", "--calc-ft-timeouts", *extra]
     output = run_job(command, workdir, {**shape_env, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **env}, (str(NVRX),))
     if not learned.exists():
         shutil.copy(save / learned.name, learned)
@@ -101,6 +110,9 @@ def main() -> None:
     parser.add_argument("--stall", type=float, default=0.0,
                         help="also a run per way where rank 1's data loader stalls this many seconds, then goes on: a "
                              "healthy job, which no way may take for a hang")
+    parser.add_argument("--soak", action="store_true",
+                        help="also a run per way of a healthy job with slow first steps, a garbage collection, saves, "
+                             "evaluations and a data loader stall, which no way may take for a hang")
     parser.add_argument("--ways", default="in place,spare,restart", help="a comma list of: " + ", ".join(WAYS))
     options = parser.parse_args()
     unknown = [way for way in options.ways.split(",") if way not in WAYS]
@@ -109,9 +121,11 @@ def main() -> None:
     ways = {way: WAYS[way] for way in options.ways.split(",")}
     bounds = {} if options.defaults else {"FT_PLUGINS_HANGS_FLOOR": str(options.floor),
                                           "FT_PLUGINS_HANGS_GRACE": str(options.grace)}
-    kinds = {**KINDS, **({"stall": f"slow,seconds={options.stall:g},at=data"} if options.stall else {})}
+    healthy = {**({"stall": (f"rank=1,step={options.fault},kind=slow,seconds={options.stall:g},at=data", ())}
+                  if options.stall else {}), **({"soak": (SOAK, SOAK_ARGUMENTS)} if options.soak else {})}
+    runs = {**{kind: (f"rank=1,step={options.fault},kind={fault}", ()) for kind, fault in KINDS.items()}, **healthy}
     times: dict[tuple[str, str], list[float]] = {(way, kind): [] for way in ways for kind in KINDS}
-    alarms = {way: 0 for way in ways}
+    alarms = {(way, kind): 0 for way in ways for kind in healthy}
     with tempfile.TemporaryDirectory() as learning:
         timeouts = Path(learning) / "ft_state.json"
         if "nvrx" in ways:  # the fault-free run that learns NVRx's timeouts
@@ -119,16 +133,17 @@ def main() -> None:
             print(f"nvrx timeouts learned: {timeouts.read_text()}", flush=True)
         for _ in range(options.rounds):
             for way, env in ways.items():
-                for kind, fault in kinds.items():
-                    drill = {**env, "FT_PLUGINS_INJECT_FAULT": f"rank=1,step={options.fault},kind={fault}"}
+                for kind, (faults, extra) in runs.items():
+                    drill = {**env, "FT_PLUGINS_INJECT_FAULT": faults}
                     with tempfile.TemporaryDirectory() as tmp:
-                        output = (nvrx_run(Path(tmp), options.iters, options.fault, timeouts, **drill)
+                        output = (nvrx_run(Path(tmp), options.iters, options.fault, timeouts, *extra, **drill)
                                   if way == "nvrx" else
-                                  _run(Path(tmp), "dp4", options.iters, way == "restart", **drill, **bounds)[1])
-                    alarmed = ALARM[way == "nvrx"] in output
-                    if kind == "stall":
-                        alarms[way] += alarmed
-                        print(f"{way:8s} stall of {options.stall:g} s: {'ended as a hang' if alarmed else 'no alarm'}",
+                                  _run(Path(tmp), "dp4", options.iters, way == "restart", *extra, **drill, **bounds)[1])
+                    said = [line for line in output.splitlines() if any(a in line for a in ALARMS[way == "nvrx"])]
+                    alarmed = bool(said)
+                    if kind in healthy:
+                        alarms[way, kind] += alarmed
+                        print(f"{way:8s} {kind}: {'ended as a hang: ' + said[0][:300] if said else 'no alarm'}",
                               flush=True)
                         continue
                     if kind == "hang" and not alarmed:
@@ -150,8 +165,8 @@ def main() -> None:
             if "nvrx" in ways:
                 line += (f"; against NVRx's hang {hang / median['nvrx', 'hang']:.2f} (goal at most 0.5: "
                          f"{'met' if hang <= median['nvrx', 'hang'] / 2 else 'NOT met'})")
-        if options.stall:
-            line += f"; stalls of {options.stall:g} s taken for a hang: {alarms[way]} of {options.rounds}"
+        for kind in healthy:
+            line += f"; {kind} runs taken for a hang: {alarms[way, kind]} of {options.rounds}"
         print(line)
 
 

@@ -55,13 +55,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _run(workdir: Path, shape: str, iters: int, restarts: bool, **env: str) -> tuple[float, str]:
+def _run(workdir: Path, shape: str, iters: int, restarts: bool, *extra: str, **env: str) -> tuple[float, str]:
+    """One run of the example (``extra``: Megatron arguments after the benchmark's own); seconds and output."""
     save = workdir / "ckpt"
     ranks, arguments, shape_env = SHAPES[shape]
     launcher = ["--standalone", "--max-restarts", "1"] if restarts else ["--master-port", str(free_port())]
     command = [sys.executable, "-m", "ft_plugins.cli", "run", "--", TORCHRUN, "--nproc-per-node", str(ranks), *launcher,
                str(EXAMPLE), *arguments, "--train-iters", str(iters),
-               "--save", str(save), "--load", str(save), "--save-interval", str(10 * iters)]
+               "--save", str(save), "--load", str(save), "--save-interval", str(10 * iters), *extra]
     if restarts:  # each attempt its own store (see docs/verified.md)
         shape_env = {**shape_env, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     started = time.monotonic()

@@ -1,13 +1,14 @@
 """Fault injection for fire drills: ``FT_PLUGINS_INJECT_FAULT`` makes a worker fail on purpose.
 
 ``rank=R,step=N,kind=kill|term|exception|exit|hang|stuck|slow``
-``[,at=forward|update|save|join|regroup|data|collective|device]``
+``[,at=forward|update|save|join|regroup|data|collective|device|gc]``
 ``[,attempt=A][,life=L][,seconds=S]``; ``hang`` blocks for good, ``stuck`` too and ignores SIGTERM besides (a
 process in a driver call: only SIGKILL ends it), ``slow`` pauses ``S`` seconds (default 10) and goes on.
 ``at=data`` fires as the step asks for its first batch, ``at=collective`` blocks in a collective no peer
 enters (with ``hang`` or ``stuck``), ``at=device`` as the step starts, after a kernel that runs ``S`` seconds
 is queued on the device's current stream (CUDA: what a collective blocked on a lost peer is to the device;
-``term`` then shows what a dump does behind it);
+``term`` then shows what a dump does behind it), ``at=gc`` as the step starts, a ``slow`` fault then spent inside a
+collection of the oldest generation (a long garbage-collection pause);
 several faults are separated by ``;``. ``step=N`` is the step that starts after N completed steps (the one whose
 profiler range is ``step N``), so a dump that loses nothing holds iteration N. A fault fires once
 per job: on launcher attempt ``A`` only (default 0; torchrun's ``TORCHELASTIC_RESTART_COUNT``),
@@ -20,6 +21,7 @@ framework glue's business.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -38,7 +40,7 @@ log = logging.getLogger("ft_plugins.faults")
 KINDS = ("kill", "term", "exception", "exit", "hang", "stuck", "slow")
 KEYS = ("rank", "step", "kind", "at", "attempt", "life", "seconds")
 SLOW = 10  # seconds a ``slow`` fault lasts unless ``seconds=`` says
-POINTS = ("forward", "update", "save", "join", "regroup", "data", "collective", "device")
+POINTS = ("forward", "update", "save", "join", "regroup", "data", "collective", "device", "gc")
 EXAMPLE = "rank=1,step=3,kind=kill,at=forward"
 # what each kind is in the job's events (``slow`` is no fault)
 FAULT_KINDS = {"kill": "death", "term": "signal", "exception": "exception", "exit": "exception", "hang": "hang",
@@ -124,6 +126,8 @@ def fire(fault: Fault, block: Callable[[], object] | None = None) -> None:
         raise InjectedFault(f"fault injected by {INJECT_VAR}: {fault}")
     elif fault.kind == "exit":
         sys.exit(3)
+    elif fault.kind == "slow" and fault.at == "gc":
+        _collect_slowly(fault.seconds)
     elif fault.kind == "slow":
         time.sleep(fault.seconds)
     else:
@@ -133,6 +137,19 @@ def fire(fault: Fault, block: Callable[[], object] | None = None) -> None:
             block()
         while True:  # a hung rank: only a signal ends it
             time.sleep(3600)
+
+
+def _collect_slowly(seconds: float) -> None:
+    """A collection of the oldest generation that lasts ``seconds``: the pause a large heap's collection makes."""
+    def pause(phase: str, info: Mapping[str, int]) -> None:
+        if phase == "start":
+            time.sleep(seconds)
+
+    gc.callbacks.append(pause)  # after any callback already there: they see the collection begin first
+    try:
+        gc.collect()
+    finally:
+        gc.callbacks.remove(pause)
 
 
 class Drill:

@@ -3,11 +3,15 @@
 Each worker owns one small file, ``<dir>/<rank>``, in a directory its launcher names in ``FT_PLUGINS_PROGRESS``
 (set by ``ft-plugins run``'s torchrun, which watches: :mod:`ft_plugins.launch.watchdog`). The file is mapped
 into memory: a report is one ``struct.pack_into`` (about a microsecond), never a system call. The launcher
-reads the files on its own monitoring round and times the changes itself, so no clock is read here either.
+reads the files on its own monitoring round and times the silences itself; the worker times only its steps (the
+clock read as a step begins and ends), which the launcher's rounds would miss when they are shorter than a round.
 
 At :func:`start` the worker also registers ``faulthandler`` on ``SIGUSR2`` to write the Python stacks of all
 its threads to ``<dir>/<rank>.stacks``: the C handler runs even while the main thread is blocked in a driver
 call or a collective, so a launcher can ask a hung rank where it stands.
+
+A collection of the oldest generation on the main thread is reported as a section of its own (``gc``) and the
+section it interrupted again after it: a long collection is a pause with its own bound, not a hang.
 
 The file also counts, per process group, the collectives the rank entered (:func:`entered`). Every member of a
 group enters the same collectives on it in the same order, so a rank that entered more than a peer waits for that
@@ -18,27 +22,31 @@ host sync, outside any collective's frame. The counts start again where the grou
 from __future__ import annotations
 
 import array
+import atexit
 import faulthandler
+import gc
 import logging
 import mmap
 import os
 import signal
 import struct
 import threading
+import time
 import zlib
 from contextlib import contextmanager
 from collections import namedtuple
 from typing import IO, Iterator, Mapping, Sequence
 
 from ft_plugins.config import PROGRESS_VAR
-from ft_plugins.features.hangs import (BETWEEN, DATA, DUMP, END, EVAL, RECOVERY, SAVE, SECTIONS,  # noqa: F401
-                                       SETUP, STEP)
+from ft_plugins.features.hangs import (BETWEEN, DATA, DUMP, END, EVAL, GC, RECOVERY, SAVE,  # noqa: F401
+                                       SECTIONS, SETUP, STEP)
 
 log = logging.getLogger("ft_plugins.hangs")
 
 STACKS_SIGNAL = signal.SIGUSR2
 _HEAD = struct.Struct("<iQ")  # pid, the main thread's ident (names it in a faulthandler dump)
-_BODY = struct.Struct("<QqqB")  # reports so far, step, steps begun in this process, section
+# reports so far, step, steps begun in this process, section; the last step that ended: its seconds, its begun
+_BODY = struct.Struct("<QqqBdq")
 _SIZE = _HEAD.size + _BODY.size
 # per process group the rank entered collectives on: its key (the CRC-32 of its ranks; 0: a free slot), how many
 _GROUP = struct.Struct("<IQ")
@@ -46,8 +54,10 @@ GROUP_SLOTS = 16  # groups counted per rank (Megatron's rank has fewer): one pas
 
 
 # collections' namedtuple, not typing.NamedTuple: that compiles each field's annotation when the class is made
-class Record(namedtuple("Record", ("pid", "thread", "seq", "step", "begun", "section"))):
-    """One rank's last report: its process, its main thread, how many reports, the step and section."""
+class Record(namedtuple("Record", ("pid", "thread", "seq", "step", "begun", "section", "lasted", "lasted_begun"),
+                         defaults=(0.0, 0))):
+    """One rank's last report: its process, its main thread, how many reports, the step and section; the last step
+    that ended whole, its seconds and its ``begun`` (0: none yet)."""
 
     __slots__ = ()
     pid: int
@@ -56,6 +66,8 @@ class Record(namedtuple("Record", ("pid", "thread", "seq", "step", "begun", "sec
     step: int
     begun: int
     section: int
+    lasted: float
+    lasted_begun: int
 
     @property
     def section_name(self) -> str:
@@ -76,24 +88,53 @@ class Reporter:
         finally:
             os.close(fd)
         self.seq, self.step, self.begun, self.section = 0, 0, 0, SETUP
+        self.lasted, self.lasted_begun = 0.0, 0
+        self._began_at: float | None = None  # when the current step began (None: none, or a fault cut it short)
         self._entered: dict[int, list[int]] = {}  # group key -> [its slot's offset, collectives entered]
-        _HEAD.pack_into(self._map, 0, os.getpid(), threading.main_thread().ident or 0)
+        self._main = threading.main_thread().ident or 0
+        _HEAD.pack_into(self._map, 0, os.getpid(), self._main)
+        self._collected = SETUP  # the section a collection interrupted
         self.report(SETUP)
+        gc.callbacks.append(self.collecting)
+        atexit.register(gc.callbacks.remove, self.collecting)  # not into the interpreter's last collections
         self._stacks: IO[str] = open(stacks_path(directory, rank), "a")  # kept open: faulthandler writes to its fd
         faulthandler.register(STACKS_SIGNAL, file=self._stacks, all_threads=True)
 
     def report(self, section: int, step: int | None = None) -> None:
         """This rank is now in ``section`` (of ``step``, when given)."""
-        self.seq += 1
         if step is not None and section == STEP and step != self.step:
+            now = time.monotonic()
+            if self._began_at is not None:  # the previous step's end was not reported: it lasted until now
+                self.lasted, self.lasted_begun = now - self._began_at, self.begun
             self.begun += 1
+            self._began_at = now
+        elif section == BETWEEN and self._began_at is not None:
+            self.lasted, self.lasted_begun = time.monotonic() - self._began_at, self.begun
+            self._began_at = None
+        elif section in (DUMP, RECOVERY):  # a step a fault cut short waited for a peer: it teaches nothing
+            self._began_at = None
         if step is not None:
             self.step = step
-        self.section = section
-        _BODY.pack_into(self._map, _HEAD.size, self.seq, self.step, self.begun, section)
+        self._publish(section)
         if section == RECOVERY and self._entered:  # the groups are built again: every rank counts from there
             self._map[_SIZE:] = bytes(GROUP_SLOTS * _GROUP.size)
             self._entered.clear()
+
+    def _publish(self, section: int) -> None:
+        self.seq += 1
+        self.section = section
+        _BODY.pack_into(self._map, _HEAD.size, self.seq, self.step, self.begun, section, self.lasted,
+                        self.lasted_begun)
+
+    def collecting(self, phase: str, info: Mapping[str, int]) -> None:
+        """``gc``'s callback: a collection of the oldest generation on the main thread is reported while it runs."""
+        if info["generation"] != 2 or threading.get_ident() != self._main:
+            return
+        if phase == "start":
+            self._collected = self.section
+            self._publish(GC)
+        elif self.section == GC:
+            self._publish(self._collected)
 
     def entered(self, key: int) -> None:
         """One more collective entered on the group ``key``."""

@@ -5,19 +5,20 @@ When one rank hangs, its peers soon stop too: they wait for it inside a collecti
 a rank whose main thread waits in a collective, or that entered more collectives on a group than a peer in it
 (:func:`ahead`), is a victim; one that does neither is a culprit. One culprit among
 victims (or among ranks still moving) is a hang: end the culprit, the job goes on as after a death. Victims of a
-rank still within its own bound (a long save) wait with it. Every rank
-stalled alike (all waiting, or none waiting: a file system or a store that stopped answering), or a second hang
-before any step moved on, is told apart: the whole job dumps and restarts, never a replacement loop.
+rank still within its own bound (a long save) wait with it. Every rank stalled alike (all waiting, or none waiting:
+a file system or a store that stopped answering, a machine slowed for all) is no one rank's hang: it is waited on
+for the ``stall`` bound, then told apart, as is a second hang before any step moved on: the whole job dumps and
+restarts, never a replacement loop.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 from ft_plugins.features.hangs import Bounds
-from ft_plugins.progress import BETWEEN, DATA, DUMP, RECOVERY, STEP, Record
+from ft_plugins.progress import BETWEEN, Record
 
 # where a main thread waits for its peers, its innermost frame: torch's collectives, the waits on Megatron's
 # gradient reductions and pipeline communication
@@ -29,8 +30,6 @@ MINDSPORE_STEP_SITES = ("/mindspore/nn/wrap/cell_wrapper.py", "/mindspore/nn/wra
                         "/mindformers/wrapper/")
 HANG, ALL, WAIT = "hang", "all", "wait"
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):$")
-_IN_STEP = (STEP, DATA)
-_CUT_SHORT = (DUMP, RECOVERY)  # what a step a fault interrupted goes to
 
 
 @dataclass
@@ -40,20 +39,13 @@ class Watch:
     pid: int
     moved: float  # when its report last changed (or when the launcher first saw the process)
     record: Record | None = None
-    step_began: float | None = None  # when its current step was first seen running
 
     def observe(self, record: Record | None, now: float, bounds: Bounds) -> None:
-        """Take a report read at ``now``; a step that ended teaches ``bounds`` its duration."""
+        """Take a report read at ``now``; a step that ended since the last one teaches ``bounds`` its duration."""
         if record is None or record.pid != self.pid or record == self.record:
             return  # not reporting yet (the file is a previous process's), or nothing moved
-        last = self.record
-        if last is not None and last.section in _IN_STEP and self.step_began is not None and (
-                record.step != last.step or record.section not in _IN_STEP):
-            if record.section not in _CUT_SHORT:  # a step a fault ended waited for a peer: it teaches nothing
-                bounds.learn(now - self.step_began, last.begun)
-            self.step_began = None
-        if record.section in _IN_STEP and (last is None or last.step != record.step or last.section not in _IN_STEP):
-            self.step_began = now
+        if record.lasted_begun and (self.record is None or record.lasted_begun != self.record.lasted_begun):
+            bounds.learn(record.lasted, record.lasted_begun)
         self.record, self.moved = record, now
 
     @property
@@ -80,6 +72,7 @@ class Verdict:
     kind: str  # HANG, ALL or WAIT
     culprits: list[int] = field(default_factory=list)  # ranks to end (HANG)
     victims: list[int] = field(default_factory=list)  # ranks waiting in a collective
+    freed: list[int] = field(default_factory=list)  # ranks whose wait for a peer just ended: a full bound again
     why: str = ""
 
 
@@ -136,20 +129,28 @@ def fewest(entered: Mapping[int, Mapping[int, int]], elsewhere: Mapping[int, int
 
 
 def judge(stopped: Sequence[int], moving: Sequence[int], waiting: Mapping[int, bool], repeated: bool,
-          remote: bool = False, patient: bool = False) -> Verdict:
+          remote: bool = False, patient: bool = False, stalled: bool = True, waited: Collection[int] = ()) -> Verdict:
     """What the stop of ``stopped`` ranks is (``waiting``: which of them wait in a collective), with ``moving``
     ranks still reporting. ``repeated``: a hang was already answered and no step moved since. ``remote``: ranks
-    on other nodes, whose launchers may find the culprit; ``patient``: within twice the bound, so they may."""
+    on other nodes, whose launchers may find the culprit; ``patient``: within twice the bound, so they may.
+    ``stalled``: past the bound of every rank standing still alike (False: the job is waited on). ``waited``: the
+    ranks the last look found waiting for a peer within its bound; one of them out of its collective now was freed
+    by that peer a moment ago (it still finishes its step), not hung."""
     victims = [rank for rank in stopped if waiting.get(rank)]
     culprits = [rank for rank in stopped if not waiting.get(rank)]
     if repeated:
         return Verdict(ALL, victims=victims, why="stopped again at the step of the hang just answered")
+    freed = [rank for rank in culprits if rank in waited]
+    if freed:
+        return Verdict(WAIT, victims=victims, freed=freed, why="their wait for a peer just ended")
     if culprits and (victims or moving):
         return Verdict(HANG, culprits, victims)
     if not culprits and moving:
         return Verdict(WAIT, victims=victims, why="they wait for a rank still within its bound (a long save?)")
     if not culprits and remote and patient:
         return Verdict(WAIT, victims=victims, why="every local rank waits in a collective: for a rank elsewhere")
+    if not stalled:
+        return Verdict(WAIT, victims=victims, why="every rank stands still alike, within the bound for that")
     if remote:  # the ranks of other nodes are not seen from here: say only what is
         why = ("every rank of this node waits in a collective, past twice its bound" if not culprits else
                "every rank of this node stopped outside collectives (ranks on other nodes are not seen from here: "

@@ -26,8 +26,8 @@ from ft_plugins.features.hangs import Bounds
 from ft_plugins.launch.process import wait_gone
 from ft_plugins.launch.node_counts import NodeCounts
 from ft_plugins.launch.scratch import owned_directory
-from ft_plugins.launch.stalls import (ALL, HANG, Verdict, Watch, ahead, fewest, judge, main_frames, overdue, stuck,
-                                     waits_on_peers)
+from ft_plugins.launch.stalls import (ALL, HANG, WAIT, Verdict, Watch, ahead, fewest, judge, main_frames, overdue,
+                                     stuck, waits_on_peers)
 
 log = logging.getLogger("ft_plugins.hangs")
 
@@ -51,6 +51,7 @@ class Watchdog:
         self._read_to: dict[int, int] = {}  # global rank -> how far its stacks file was read
         self._calm_until = 0.0  # after a wait verdict, the ranks are asked again only this late
         self._said = ""  # the last wait verdict said
+        self._waiting: set[int] = set()  # the ranks the last wait verdict found waiting in a collective
         self.nodes: NodeCounts | None = None  # the other nodes' launchers (torchrun with ranks elsewhere)
 
     def install(self) -> None:
@@ -109,8 +110,12 @@ class Watchdog:
                    for rank in stopped}
         furthest = max(watch.record.step for watch in self.watches.values() if watch.record is not None)
         patient = all(self.watches[rank].quiet(now) < 2 * self.watches[rank].bound(self.bounds) for rank in late)
+        stalled = all(self.watches[rank].quiet(now) > self.bounds.settings["stall"] for rank in late)
         verdict = judge(stopped, moving, waiting, self.answered is not None and furthest <= self.answered, remote,
-                        patient)
+                        patient, stalled, self._waiting)
+        self._waiting = set(verdict.victims) if verdict.kind == WAIT and not verdict.freed else set()
+        for rank in verdict.freed:  # its wait for a peer ended just now: a full bound from here
+            self.watches[rank].moved = now
         if verdict.kind == HANG:
             self.answered = furthest
             self._end(verdict, stacks, procs, now, counted)

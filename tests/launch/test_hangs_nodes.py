@@ -48,7 +48,7 @@ else:
     work.wait()
 """
 HANGS = {"FT_PLUGINS": "hangs", "FT_PLUGINS_HANGS_FLOOR": "6", "FT_PLUGINS_HANGS_WARMUP_STEPS": "1",
-         "FT_PLUGINS_HANGS_GRACE": "1"}
+         "FT_PLUGINS_HANGS_STALL": "6", "FT_PLUGINS_HANGS_GRACE": "1"}
 ELSEWHERE = "not ended: every local rank waits in a collective: for a rank elsewhere"
 STOPPED = "every rank of this node stopped outside collectives"
 

@@ -26,7 +26,8 @@ STEPS = 24
 WORKERS = 2
 SAVE_EVERY = 4  # the fixture's ModelCheckpoint saves at every 4th step
 # the hangs bounds of the fixture's jobs: a step bound of 3 s (steps take about 0.1 s), a second of grace
-HANG_BOUNDS = {"FT_PLUGINS_HANGS_FLOOR": "3", "FT_PLUGINS_HANGS_WARMUP": "60", "FT_PLUGINS_HANGS_GRACE": "1"}
+HANG_BOUNDS = {"FT_PLUGINS_HANGS_FLOOR": "3", "FT_PLUGINS_HANGS_WARMUP": "60", "FT_PLUGINS_HANGS_STALL": "3",
+               "FT_PLUGINS_HANGS_GRACE": "1"}
 
 
 @dataclass

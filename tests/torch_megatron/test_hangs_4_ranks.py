@@ -22,7 +22,7 @@ from ttp_runs import DP4, ITERS, Job, run_supervised, same_as_reference
 
 UPDATE, DATA = 2, 4  # completed steps before the hang in the update; before the hang in the data loader + the death
 BOUNDS = {"FT_PLUGINS_HANGS_FLOOR": "3", "FT_PLUGINS_HANGS_WARMUP": "120", "FT_PLUGINS_HANGS_WARMUP_STEPS": "1",
-          "FT_PLUGINS_HANGS_GRACE": "1"}
+          "FT_PLUGINS_HANGS_DATA": "3", "FT_PLUGINS_HANGS_GRACE": "1"}
 FAULTS = (f"rank=1,step={UPDATE},kind=stuck,at=update;rank=2,step={DATA},kind=stuck,at=data;"
           f"rank=3,step={DATA},kind=kill")
 STACK = "ft_plugins/faults.py"  # where the drill's stuck rank stands

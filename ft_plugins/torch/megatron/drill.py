@@ -4,7 +4,8 @@
 optimizer's own update (``step_with_ready_grads``), ``at=save`` as ``save_checkpoint`` of that
 iteration begins, ``at=data`` as the step takes its first batch from the data iterator, ``at=collective``
 as the step starts, a hang then blocking in a receive from a peer that never sends, ``at=device`` as the step starts,
-after a kernel of ``seconds`` is queued on the CUDA stream (:func:`ft_plugins.torch.drill.stuck_kernel`).
+after a kernel of ``seconds`` is queued on the CUDA stream (:func:`ft_plugins.torch.drill.stuck_kernel`),
+``at=gc`` as the step starts, inside a garbage collection.
 Independent of the features: the same drill runs with ``FT_PLUGINS=none``, which is how a test shows what a fault
 costs without ft_plugins. Applied before ``ttp``'s hooks, so ``ttp`` has seen the step begin (or the update begin)
 when a fault fires.
@@ -31,6 +32,7 @@ class FaultDrill:
         self._drill.reached("forward", self._iteration)
         self._drill.reached("collective", self._iteration, _receive_from_nobody)
         self._drill.reached("device", self._iteration, before=stuck_kernel)
+        self._drill.reached("gc", self._iteration)
         if self._drill.plans("data", self._iteration) and len(args) > 1 and args[1] is not None:
             args = (args[0], _fire_at_next_batch(args[1], lambda: self._drill.reached("data", self._iteration)),
                     *args[2:])
