@@ -272,6 +272,12 @@ def test_msrun_s_watch_stops_every_worker_stalled_alike_and_the_ones_that_answer
     assert [worker.returncode for worker in workers] == [7, 7]  # each one's dying gasp ran to its end
 
 
+def _worker(code: str, directory: Path) -> subprocess.CompletedProcess:
+    """``code`` run as a worker reporting into ``directory`` (its ``sys.argv[1]``), the features off."""
+    return subprocess.run([sys.executable, "-c", code, str(directory)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "FT_PLUGINS": "none"})
+
+
 def test_the_wait_for_a_batch_is_reported_as_data_loading(tmp_path: Path) -> None:
     code = ("import sys\n"
             "from ft_plugins import progress\n"
@@ -281,32 +287,32 @@ def test_the_wait_for_a_batch_is_reported_as_data_loading(tmp_path: Path) -> Non
             "    def __next__(self):\n"
             "        return progress.read(sys.argv[1], 0).section_name\n"
             "print(next(_DataReported(Batches())), progress.read(sys.argv[1], 0).section_name)\n")
-    result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "FT_PLUGINS": "none"})
+    result = _worker(code, tmp_path)
     assert result.stdout.split() == ["data", "step"], result.stderr
 
 
 def test_a_long_collection_on_the_main_thread_is_reported_as_gc_then_the_step_again(tmp_path: Path) -> None:
     """The drill's 1 s collection (``kind=slow,at=gc``) is seen from outside as ``gc``; a collection of a younger
     generation, or one on another thread, is not reported."""
-    code = ("import gc, sys, threading\n"
-            "from ft_plugins import progress\n"
-            "from ft_plugins.faults import parse_faults, fire\n"
-            "directory = sys.argv[1]\n"
-            "progress.start(0, {'FT_PLUGINS_PROGRESS': directory})\n"
-            "progress.report(progress.STEP, 4)\n"
-            "seen = []\n"
-            "look = threading.Timer(0.5, lambda: seen.append(progress.read(directory, 0).section_name))\n"
-            "look.start()\n"
-            "fire(parse_faults('rank=0,step=4,kind=slow,at=gc,seconds=1')[0])\n"
-            "look.join()\n"
-            "after = progress.read(directory, 0)\n"
-            "gc.collect(1)\n"
-            "other = threading.Thread(target=gc.collect)\n"
-            "other.start(); other.join()\n"
-            "print(seen[0], after.section_name, after.seq, progress.read(directory, 0).seq)\n")
-    result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "FT_PLUGINS": "none"})
+    code = """if True:
+        import gc, sys, threading
+        from ft_plugins import progress
+        from ft_plugins.faults import parse_faults, fire
+        directory = sys.argv[1]
+        progress.start(0, {'FT_PLUGINS_PROGRESS': directory})
+        progress.report(progress.STEP, 4)
+        seen = []
+        look = threading.Timer(0.5, lambda: seen.append(progress.read(directory, 0).section_name))
+        look.start()
+        fire(parse_faults('rank=0,step=4,kind=slow,at=gc,seconds=1')[0])
+        look.join()
+        after = progress.read(directory, 0)
+        gc.collect(1)
+        other = threading.Thread(target=gc.collect)
+        other.start(); other.join()
+        print(seen[0], after.section_name, after.seq, progress.read(directory, 0).seq)
+    """
+    result = _worker(code, tmp_path)
     seen, after, seq, later = result.stdout.split()
     assert (seen, after) == ("gc", "step"), result.stderr
     assert seq == later == "4", result.stdout  # set-up, step, gc, step; nothing for the others
