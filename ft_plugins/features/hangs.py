@@ -8,8 +8,8 @@ and ``data`` (the wait for a batch), ``gc`` (a collection of the oldest generati
 ``recovery`` (dump, in-place repair) bounds of their own: what pauses a healthy rank is named, so the step's own
 bound can be tight. The hung rank's stacks go to the log, then it is ended (SIGTERM, SIGKILL after ``grace``) and
 the job goes the way a death goes: ``recover`` in place, else ``ttp``'s dump and torchrun's restart (msrun stops
-the job; its relaunch resumes). Every rank standing still alike is no one rank's hang: that waits ``stall`` before
-the whole job dumps and restarts. It ends processes, so ``FT_PLUGINS=auto`` never turns it on: only its name or
+the job; its relaunch resumes). Every rank stopped outside collectives alike is no one rank's hang: that waits
+``stall`` before the whole job dumps and restarts. It ends processes, so ``FT_PLUGINS=auto`` never turns it on: only its name or
 ``all`` does.
 """
 
@@ -66,8 +66,8 @@ class Bounds:
         return (f"a step max({s['floor']:g} s, {s['factor']:g} x the slowest step), set-up, the first "
                 f"{s['warmup_steps']} steps and the end {s['warmup']:g} s, a batch {s['data']:g} s, "
                 f"garbage collection {s['gc']:g} s, save {s['save']:g} s, eval {s['eval']:g} s, dump or recovery "
-                f"{s['recovery']:g} s, every rank still alike {s['stall']:g} s; then stacks, SIGTERM, SIGKILL "
-                f"after {s['grace']:g} s")
+                f"{s['recovery']:g} s, every rank still outside collectives {s['stall']:g} s; then stacks, SIGTERM, "
+                f"SIGKILL after {s['grace']:g} s")
 
 
 class Hangs(Feature):
@@ -88,9 +88,8 @@ class Hangs(Feature):
         Option("save", 900.0, "seconds a checkpoint save may take", parse_seconds),
         Option("eval", 900.0, "seconds an evaluation may take", parse_seconds),
         Option("recovery", 900.0, "seconds a dump or an in-place recovery may take", parse_seconds),
-        Option("stall", 60.0, "seconds every rank may stand still alike (a file system, store or machine slowed "
-               "for all, a collective none is missing from) before the whole job dumps and restarts",
-               parse_seconds),
+        Option("stall", 60.0, "seconds every rank may stand still outside collectives alike (a file system, a store "
+               "or a machine slowed for all) before the whole job dumps and restarts", parse_seconds),
         Option("grace", 5.0, "seconds between SIGTERM and SIGKILL for a hung rank", parse_seconds),
     )
 

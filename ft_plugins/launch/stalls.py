@@ -5,9 +5,9 @@ When one rank hangs, its peers soon stop too: they wait for it inside a collecti
 a rank whose main thread waits in a collective, or that entered more collectives on a group than a peer in it
 (:func:`ahead`), is a victim; one that does neither is a culprit. One culprit among
 victims (or among ranks still moving) is a hang: end the culprit, the job goes on as after a death. Victims of a
-rank still within its own bound (a long save) wait with it. Every rank stalled alike (all waiting, or none waiting:
-a file system or a store that stopped answering, a machine slowed for all) is no one rank's hang: it is waited on
-for the ``stall`` bound, then told apart, as is a second hang before any step moved on: the whole job dumps and
+rank still within its own bound (a long save) wait with it. Every rank stalled alike (all waiting in collectives,
+or none waiting: a file system or a store that stopped answering, a machine slowed for all, which is waited on for
+the ``stall`` bound first), or a second hang before any step moved on, is told apart: the whole job dumps and
 restarts, never a replacement loop.
 """
 
@@ -133,7 +133,7 @@ def judge(stopped: Sequence[int], moving: Sequence[int], waiting: Mapping[int, b
     """What the stop of ``stopped`` ranks is (``waiting``: which of them wait in a collective), with ``moving``
     ranks still reporting. ``repeated``: a hang was already answered and no step moved since. ``remote``: ranks
     on other nodes, whose launchers may find the culprit; ``patient``: within twice the bound, so they may.
-    ``stalled``: past the bound of every rank standing still alike (False: the job is waited on). ``waited``: the
+    ``stalled``: past the bound of every rank stopped outside collectives alike (False: they are waited on). ``waited``: the
     ranks the last look found waiting for a peer within its bound; one of them out of its collective now was freed
     by that peer a moment ago (it still finishes its step), not hung."""
     victims = [rank for rank in stopped if waiting.get(rank)]
@@ -149,8 +149,8 @@ def judge(stopped: Sequence[int], moving: Sequence[int], waiting: Mapping[int, b
         return Verdict(WAIT, victims=victims, why="they wait for a rank still within its bound (a long save?)")
     if not culprits and remote and patient:
         return Verdict(WAIT, victims=victims, why="every local rank waits in a collective: for a rank elsewhere")
-    if not stalled:
-        return Verdict(WAIT, victims=victims, why="every rank stands still alike, within the bound for that")
+    if culprits and not stalled:  # none waits for another: a file system, a store, a machine slowed for all?
+        return Verdict(WAIT, why="every rank stopped outside collectives alike, within the bound for that")
     if remote:  # the ranks of other nodes are not seen from here: say only what is
         why = ("every rank of this node waits in a collective, past twice its bound" if not culprits else
                "every rank of this node stopped outside collectives (ranks on other nodes are not seen from here: "
