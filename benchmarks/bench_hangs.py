@@ -26,7 +26,8 @@ way and round of a healthy job with what real jobs have (:data:`SOAK`): slow fir
 a save every 5 steps, an evaluation every 10, a data loader that stalls 3 s; each alarm in it is a false one.
 
     python benchmarks/bench_hangs.py [--iters 30] [--fault 20] [--rounds 3] [--floor 3] [--grace 1] [--defaults]
-                                     [--stall 2] [--soak] [--ways "in place,spare,restart,nvrx"]
+                                     [--at forward|update|collective] [--stall 2] [--soak]
+                                     [--ways "in place,spare,restart,nvrx"]
 """
 
 from __future__ import annotations
@@ -110,6 +111,9 @@ def main() -> None:
     parser.add_argument("--stall", type=float, default=0.0,
                         help="also a run per way where rank 1's data loader stalls this many seconds, then goes on: a "
                              "healthy job, which no way may take for a hang")
+    parser.add_argument("--at", default="forward", choices=("forward", "update", "collective"),
+                        help="where rank 1 stops: as the step starts, inside the optimizer's update, or in a collective "
+                             "no peer enters (every rank then waits in one: the whole job is restarted, --ways restart)")
     parser.add_argument("--soak", action="store_true",
                         help="also a run per way of a healthy job with slow first steps, a garbage collection, saves, "
                              "evaluations and a data loader stall, which no way may take for a hang")
@@ -123,7 +127,8 @@ def main() -> None:
                                           "FT_PLUGINS_HANGS_GRACE": str(options.grace)}
     healthy = {**({"stall": (f"rank=1,step={options.fault},kind=slow,seconds={options.stall:g},at=data", ())}
                   if options.stall else {}), **({"soak": (SOAK, SOAK_ARGUMENTS)} if options.soak else {})}
-    runs = {**{kind: (f"rank=1,step={options.fault},kind={fault}", ()) for kind, fault in KINDS.items()}, **healthy}
+    runs = {**{kind: (f"rank=1,step={options.fault},kind={fault},at={options.at}", ()) for kind, fault in KINDS.items()},
+            **healthy}
     times: dict[tuple[str, str], list[float]] = {(way, kind): [] for way in ways for kind in KINDS}
     alarms = {(way, kind): 0 for way in ways for kind in healthy}
     with tempfile.TemporaryDirectory() as learning:

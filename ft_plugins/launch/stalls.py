@@ -119,6 +119,16 @@ def ahead(entered: Mapping[int, Mapping[int, int]], elsewhere: Mapping[int, int]
     return {rank for rank, groups in entered.items() if any(count > least[key] for key, count in groups.items())}
 
 
+def behind(entered: Mapping[int, Mapping[int, int]]) -> set[int]:
+    """The ranks that entered fewer collectives on a process group than a peer in it: where every rank waits, one
+    of them is missing from the collective its peers wait in (it waits for something that never comes)."""
+    most: dict[int, int] = {}
+    for groups in entered.values():
+        for key, count in groups.items():
+            most[key] = max(count, most.get(key, count))
+    return {rank for rank, groups in entered.items() if any(count < most[key] for key, count in groups.items())}
+
+
 def fewest(entered: Mapping[int, Mapping[int, int]], elsewhere: Mapping[int, int] | None = None) -> dict[int, int]:
     """Per group key, the fewest collectives one of these ranks (or one elsewhere) entered."""
     least = dict(elsewhere or {})
@@ -129,15 +139,20 @@ def fewest(entered: Mapping[int, Mapping[int, int]], elsewhere: Mapping[int, int
 
 
 def judge(stopped: Sequence[int], moving: Sequence[int], waiting: Mapping[int, bool], repeated: bool,
-          remote: bool = False, patient: bool = False, stalled: bool = True, waited: Collection[int] = ()) -> Verdict:
+          remote: bool = False, patient: bool = False, stalled: bool = True, waited: Collection[int] = (),
+          missing: Collection[int] = ()) -> Verdict:
     """What the stop of ``stopped`` ranks is (``waiting``: which of them wait in a collective), with ``moving``
     ranks still reporting. ``repeated``: a hang was already answered and no step moved since. ``remote``: ranks
     on other nodes, whose launchers may find the culprit; ``patient``: within twice the bound, so they may.
     ``stalled``: past the bound of every rank stopped outside collectives alike (False: they are waited on). ``waited``: the
     ranks the last look found waiting for a peer within its bound; one of them out of its collective now was freed
-    by that peer a moment ago (it still finishes its step), not hung."""
+    by that peer a moment ago (it still finishes its step), not hung. ``missing``: ranks behind a peer in a group's
+    collectives and ahead in none: where every rank waits, they are the culprits (missing from their peers' one)."""
     victims = [rank for rank in stopped if waiting.get(rank)]
     culprits = [rank for rank in stopped if not waiting.get(rank)]
+    if not culprits and any(rank not in missing for rank in victims):
+        culprits = [rank for rank in victims if rank in missing]
+        victims = [rank for rank in victims if rank not in missing]
     if repeated:
         return Verdict(ALL, victims=victims, why="stopped again at the step of the hang just answered")
     freed = [rank for rank in culprits if rank in waited]

@@ -26,8 +26,8 @@ from ft_plugins.features.hangs import Bounds
 from ft_plugins.launch.process import wait_gone
 from ft_plugins.launch.node_counts import NodeCounts
 from ft_plugins.launch.scratch import owned_directory
-from ft_plugins.launch.stalls import (ALL, HANG, WAIT, Verdict, Watch, ahead, fewest, judge, main_frames, overdue,
-                                     stuck, waits_on_peers)
+from ft_plugins.launch.stalls import (ALL, HANG, WAIT, Verdict, Watch, ahead, behind, fewest, judge, main_frames,
+                                     overdue, stuck, waits_on_peers)
 
 log = logging.getLogger("ft_plugins.hangs")
 
@@ -112,7 +112,7 @@ class Watchdog:
         patient = all(self.watches[rank].quiet(now) < 2 * self.watches[rank].bound(self.bounds) for rank in late)
         stalled = all(self.watches[rank].quiet(now) > self.bounds.settings["stall"] for rank in late)
         verdict = judge(stopped, moving, waiting, self.answered is not None and furthest <= self.answered, remote,
-                        patient, stalled, self._waiting)
+                        patient, stalled, self._waiting, behind(entered) - counted)
         self._waiting = set(verdict.victims) if verdict.kind == WAIT and not verdict.freed else set()
         for rank in verdict.freed:  # its wait for a peer ended just now: a full bound from here
             self.watches[rank].moved = now

@@ -18,7 +18,8 @@ from ft_plugins.faults import Fault, parse_faults
 from ft_plugins.features import declared_options
 from ft_plugins.features.hangs import Bounds, Hangs
 from ft_plugins.launch import doctor, environment, watchdog
-from ft_plugins.launch.stalls import ALL, HANG, WAIT, Watch, judge, main_frames, overdue, stuck, waits_on_peers
+from ft_plugins.launch.stalls import (ALL, HANG, WAIT, Watch, ahead, behind, judge, main_frames, overdue, stuck,
+                                     waits_on_peers)
 from ft_plugins.progress import BETWEEN, DATA, END, EVAL, GC, RECOVERY, SAVE, SETUP, STEP, Record
 
 DEFAULTS = {option.name: option.default for option in Hangs.options}
@@ -106,6 +107,16 @@ def test_one_rank_outside_any_collective_among_waiting_peers_is_the_hang() -> No
     verdict = judge([0, 1, 2, 3], [], {0: True, 1: False, 2: True, 3: True}, repeated=False)
     assert verdict.kind == HANG and verdict.culprits == [1] and verdict.victims == [0, 2, 3]
     assert judge([1], [0, 2], {1: False}, repeated=False).culprits == [1]  # its peers still move
+
+
+def test_where_every_rank_waits_the_one_missing_from_its_peers_collective_is_the_hang() -> None:
+    """Rank 1 waits in a receive nobody sends; ranks 0 and 2 entered one more collective on their group than it did
+    and wait for it there."""
+    entered = {0: {7: 12, 9: 3}, 1: {7: 11, 9: 3}, 2: {7: 12}}
+    assert behind(entered) == {1} and ahead(entered) == {0, 2}
+    verdict = judge([0, 1, 2], [], {0: True, 1: True, 2: True}, repeated=False, missing=behind(entered) - ahead(entered))
+    assert (verdict.kind, verdict.culprits, verdict.victims) == (HANG, [1], [0, 2])
+    assert behind({0: {7: 12}, 1: {7: 12}}) == set()  # nobody missing: every rank stalled alike (below)
 
 
 def test_every_rank_stalled_alike_is_told_apart_and_never_answered_by_a_replacement() -> None:
