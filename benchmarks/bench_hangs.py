@@ -17,8 +17,9 @@ ft_plugins' step bound is the floor (``--floor``; the learned 5 x the slowest st
 before SIGKILL ``--grace``; ``--defaults``: neither set, ft_plugins' own defaults (a floor of 1 s; a batch, a
 collection, a save and an evaluation bounded apart). A fault's time to training again comes from Megatron's
 timestamped iteration lines: from the line of the last step completed before it to the line of the next step, less
-one step (the fastest interval between two lines). Rounds alternate the runs, so machine noise hits all alike. Prints each median, the ratio hang / death of each way and the goal a hang costs
-less than twice a death plus the bound; with nvrx, each way's hang against NVRx's (goal: at most half).
+one step (the fastest interval between two lines). Rounds alternate the runs, so machine noise hits all alike.
+Prints each median, the ratio hang / death of each way and the goal a hang costs less than twice a death plus the
+bound; with nvrx, each way's hang against NVRx's (goal: at most half).
 
 ``--stall S`` adds a run per way and round in which rank 1's data loader stalls ``S`` seconds at the same step and
 the job goes on: healthy, so a way that ends it as a hang raised a false alarm (counted). ``--soak`` adds a run per
@@ -112,8 +113,8 @@ def main() -> None:
                         help="also a run per way where rank 1's data loader stalls this many seconds, then goes on: a "
                              "healthy job, which no way may take for a hang")
     parser.add_argument("--at", default="forward", choices=("forward", "update", "collective"),
-                        help="where rank 1 stops: as the step starts, inside the optimizer's update, or in a collective "
-                             "no peer enters (every rank then waits in one: the whole job is restarted, --ways restart)")
+                        help="where rank 1 stops: as the step starts, inside the optimizer's update, or in a receive "
+                             "no peer sends (every rank then waits, rank 1 missing from its peers' collective)")
     parser.add_argument("--soak", action="store_true",
                         help="also a run per way of a healthy job with slow first steps, a garbage collection, saves, "
                              "evaluations and a data loader stall, which no way may take for a hang")
@@ -127,8 +128,8 @@ def main() -> None:
                                           "FT_PLUGINS_HANGS_GRACE": str(options.grace)}
     healthy = {**({"stall": (f"rank=1,step={options.fault},kind=slow,seconds={options.stall:g},at=data", ())}
                   if options.stall else {}), **({"soak": (SOAK, SOAK_ARGUMENTS)} if options.soak else {})}
-    runs = {**{kind: (f"rank=1,step={options.fault},kind={fault},at={options.at}", ()) for kind, fault in KINDS.items()},
-            **healthy}
+    faulty = {kind: (f"rank=1,step={options.fault},kind={fault},at={options.at}", ()) for kind, fault in KINDS.items()}
+    runs = {**faulty, **healthy}
     times: dict[tuple[str, str], list[float]] = {(way, kind): [] for way in ways for kind in KINDS}
     alarms = {(way, kind): 0 for way in ways for kind in healthy}
     with tempfile.TemporaryDirectory() as learning:

@@ -9,8 +9,8 @@ and ``data`` (the wait for a batch), ``gc`` (a collection of the oldest generati
 bound can be tight. The hung rank's stacks go to the log, then it is ended (SIGTERM, SIGKILL after ``grace``) and
 the job goes the way a death goes: ``recover`` in place, else ``ttp``'s dump and torchrun's restart (msrun stops
 the job; its relaunch resumes). Every rank stopped outside collectives alike is no one rank's hang: that waits
-``stall`` before the whole job dumps and restarts. It ends processes, so ``FT_PLUGINS=auto`` never turns it on: only its name or
-``all`` does.
+``stall`` before the whole job dumps and restarts. It ends processes, so ``FT_PLUGINS=auto`` never turns it on:
+only its name or ``all`` does.
 """
 
 from __future__ import annotations

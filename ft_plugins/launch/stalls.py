@@ -144,10 +144,11 @@ def judge(stopped: Sequence[int], moving: Sequence[int], waiting: Mapping[int, b
     """What the stop of ``stopped`` ranks is (``waiting``: which of them wait in a collective), with ``moving``
     ranks still reporting. ``repeated``: a hang was already answered and no step moved since. ``remote``: ranks
     on other nodes, whose launchers may find the culprit; ``patient``: within twice the bound, so they may.
-    ``stalled``: past the bound of every rank stopped outside collectives alike (False: they are waited on). ``waited``: the
-    ranks the last look found waiting for a peer within its bound; one of them out of its collective now was freed
-    by that peer a moment ago (it still finishes its step), not hung. ``missing``: ranks behind a peer in a group's
-    collectives and ahead in none: where every rank waits, they are the culprits (missing from their peers' one)."""
+    ``stalled``: past the bound of every rank stopped outside collectives alike (False: they are waited on).
+    ``waited``: the ranks the last look found waiting for a peer within its bound; one of them out of its collective
+    now was freed by that peer a moment ago (it still finishes its step), not hung. ``missing``: ranks behind a peer
+    in a group's collectives and ahead in none: where every rank waits, they are the culprits (missing from their
+    peers' one)."""
     victims = [rank for rank in stopped if waiting.get(rank)]
     culprits = [rank for rank in stopped if not waiting.get(rank)]
     if not culprits and any(rank not in missing for rank in victims):

@@ -114,7 +114,8 @@ def test_where_every_rank_waits_the_one_missing_from_its_peers_collective_is_the
     and wait for it there."""
     entered = {0: {7: 12, 9: 3}, 1: {7: 11, 9: 3}, 2: {7: 12}}
     assert behind(entered) == {1} and ahead(entered) == {0, 2}
-    verdict = judge([0, 1, 2], [], {0: True, 1: True, 2: True}, repeated=False, missing=behind(entered) - ahead(entered))
+    missing = behind(entered) - ahead(entered)
+    verdict = judge([0, 1, 2], [], {0: True, 1: True, 2: True}, repeated=False, missing=missing)
     assert (verdict.kind, verdict.culprits, verdict.victims) == (HANG, [1], [0, 2])
     assert behind({0: {7: 12}, 1: {7: 12}}) == set()  # nobody missing: every rank stalled alike (below)
 
