@@ -179,11 +179,16 @@ class TorchProcess:
     def wire(self, rank: int, replica_info: list[dict[str, object]], dp_ranks: list[int],
              handlers: Mapping[str, Callable[..., Any]]) -> None:
         """Once the model and optimizer exist: replicas, data-parallel group, every handler, export version."""
-        self.api.tft_set_optimizer_replica(rank, replica_info)
-        self.api.tft_set_dp_group_info(rank, dp_ranks)
+        self.report_layout(rank, replica_info, dp_ranks)
         for kind in (*HANDLERS, *(ZIT_HANDLERS if self.zit else ())):
             getattr(self.api, f"tft_register_{kind}_handler")(handlers[kind])
         self.api.set_mindio_export_version(EXPORT_VERSION)
+
+    def report_layout(self, rank: int, replica_info: list[dict[str, object]], dp_ranks: list[int]) -> None:
+        """This rank's optimizer replicas and data-parallel group, in MindIO's numbering: at the start, and again
+        after a downgrade (MindIO picks the ranks of its dump and of its repairs from them)."""
+        self.api.tft_set_optimizer_replica(rank, replica_info)
+        self.api.tft_set_dp_group_info(rank, dp_ranks)
 
     def guarded(self, train: Callable[..., Any]) -> Callable[..., Any]:
         """``train`` under MindIO's exception handler (it reports the failure and waits for the controller)."""

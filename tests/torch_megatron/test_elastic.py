@@ -600,6 +600,12 @@ def test_under_mindio_its_downgrade_scales_in_and_dumps_as_megatrons_own_resume_
                         ("dump", 0, repr(AFTER_DOWNGRADE), 0)], done
     assert [tuple(call["args"]) for call in calls if call["api"] == "fake_before_dump"] == [("stop", None),
                                                                                            ("clean", 0)], calls
+    for rank in (0, 1):  # the groups as they stand, reported to MindIO again after the downgrade
+        reports = [(call["api"], call["args"]) for call in calls if call["rank"] == str(rank)
+                   and call["api"] in ("tft_set_optimizer_replica", "tft_set_dp_group_info")]
+        assert reports == [(api, [rank, repr(value)]) for ranks in ([0, 1, 2, 3], [0, 1]) for api, value in (
+            ("tft_set_optimizer_replica", [{"rank_list": ranks, "replica_cnt": 2, "replica_shift": 0}]),
+            ("tft_set_dp_group_info", ranks))], reports
     registered = {call["args"][0] for call in calls if call["api"] == "tft_register_zit_downgrade_rebuild_handler"}
     assert registered == {"downgrade_rebuild"}, registered
     assert [call["kwargs"].get("enable_zit") for call in calls if call["api"] == "tft_init_processor"] == [True] * 4

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -100,6 +101,21 @@ def test_replicas_groups_handlers_and_train_wired_once_the_optimizer_exists(mind
         assert wired[1][1] == [rank, repr([0, 1])]
         assert (wired[2][1], wired[3][1]) == (["save"], ["rename"])
         assert (wired[-2][1], wired[-1][1]) == (["MindSpeed-LLM"], ["train"])
+
+
+def test_the_layout_is_reported_in_mindios_numbering_after_the_ranks_were_numbered_anew(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a downgrade torch's ranks 0 and 1 are MindIO's 2 and 5: the data-parallel group and the optimizer's
+    replicas go to MindIO as it numbers them, so that its choice of dump ranks reads the groups as they stand."""
+    from ft_plugins.torch.megatron import mindio
+
+    monkeypatch.setattr("torch.distributed.get_rank", lambda: 1)
+    monkeypatch.setattr("torch.distributed.get_process_group_ranks", lambda group: [0, 1])
+    monkeypatch.setattr(mindio, "megatron", lambda name: SimpleNamespace(get_data_parallel_group=lambda: "dp"))
+    monkeypatch.setattr(mindio, "megatron_args", lambda: SimpleNamespace(use_distributed_optimizer=True,
+                                                                         num_distributed_optimizer_instances=2))
+    assert mindio.layout([2, 5]) == (5, [{"rank_list": [2, 5], "replica_cnt": 2, "replica_shift": 0}], [2, 5])
+    assert mindio.layout() == (1, [{"rank_list": [0, 1], "replica_cnt": 2, "replica_shift": 0}], [0, 1])
 
 
 def test_each_update_bracketed_and_reported_as_the_step_it_completes(mindio_run: tuple[Job, list]) -> None:

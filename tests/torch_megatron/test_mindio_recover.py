@@ -150,6 +150,16 @@ def test_the_stand_ins_destroy_calls_end_its_threads_as_mindios_do(mindio: Any, 
     assert running() == []
 
 
+class Driver:
+    """Stands in for ttp's MindIO driver: the groups the handlers reported to MindIO again."""
+
+    def __init__(self) -> None:
+        self.reported: list[list[int]] = []
+
+    def report_layout(self, numbering: list[int]) -> None:
+        self.reported.append(list(numbering))
+
+
 class Writer:
     """Stands in for the dump writer: what MindIO's save and rename handlers asked of it."""
 
@@ -276,7 +286,7 @@ def test_with_elastic_the_downgrade_refuses_what_cannot_scale_in_and_the_upgrade
     from ft_plugins.torch.megatron import mindio_elastic, mindio_recover
 
     recovery = mindio_elastic.MindioElastic(SimpleNamespace(settings={"timeout": 5.0}, recoveries=[]),
-                                            SimpleNamespace(tracker=StepTracker(), writer=Writer()),
+                                            SimpleNamespace(tracker=StepTracker(), writer=Writer(), mindio=Driver()),
                                             SimpleNamespace(changes=[]))
     recovery.objects = ("model", "optimizer", "scheduler")
     for kind, handler in recovery.handlers().items():
@@ -319,7 +329,7 @@ def elastic(mindio: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
     from ft_plugins.torch.megatron import mindio_elastic
 
     recovery = mindio_elastic.MindioElastic(SimpleNamespace(settings={"timeout": 5.0}, recoveries=[]),
-                                            SimpleNamespace(tracker=StepTracker(), writer=Writer()),
+                                            SimpleNamespace(tracker=StepTracker(), writer=Writer(), mindio=Driver()),
                                             SimpleNamespace(changes=[]))
     recovery.objects, recovery.stage, recovery.store = ("model", "optimizer", "scheduler"), "clean", HashStore()
     recovery.mine, recovery.replica = (FIRST, None, 8, 0.0), (0,)
@@ -381,6 +391,7 @@ def test_a_downgrade_failing_after_the_size_was_set_leaves_nothing_half_set(
     _peer_stands(recovery, 1, FIRST, [1])
     assert _answer(arf, "zit_downgrade_rebuild", ([0, 1], [0, 1], '{"scale-in-strategy": "DP"}')) == 1
     assert recovery.resize.size == 0 and emitted == [] and recovery.downgrades == 0
+    assert recovery.report_layout.__self__.reported == []  # MindIO told nothing new
     recovery.downgrades = 1  # as after one that succeeded
     with pytest.raises(Refused, match="a repair in place after a scale-in"):
         recovery._rebuild([1])

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ft_plugins.features.ttp import Ttp
 from ft_plugins.rank import env_rank
@@ -56,27 +56,24 @@ class MindioDriver:
     def train(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         if self.process is None or self.writer.refused("mindio"):
             return wrapped(*args, **kwargs)
-        import torch.distributed as dist
-
-        from ft_plugins.replicas import ReplicaLayout
-
-        dp_ranks = dist.get_process_group_ranks(megatron("core.parallel_state").get_data_parallel_group())
-        parsed = megatron_args()
-        # the distributed optimizer holds each shard once per instance; the non-distributed one, on every rank
-        replicas = parsed.num_distributed_optimizer_instances if parsed.use_distributed_optimizer else len(dp_ranks)
-        layout = ReplicaLayout.build(dp_ranks, replicas)
         handlers = {"save_ckpt": self.save, "rename": self.rename, "exit": self.exit}
         handlers.update(self.recovery.handlers() if self.recovery is not None else
                         {kind: _declined(kind) for kind in ("stop", "clean", "repair", "rollback", "rebuild_group")})
         handlers["stream_sync"] = _synchronize
         try:
-            self.process.wire(dist.get_rank(), layout.mindio_replica_info(), list(dp_ranks), handlers)
+            self.process.wire(*layout(), handlers)
             guarded = self.process.guarded(wrapped)
         except Exception as exc:  # e.g. a MindIO without one of these calls: train on, without it
             log.warning("ttp: the mindio engine is off for this run: %s: %s", type(exc).__name__, exc)
             self.process = None
             return wrapped(*args, **kwargs)
         return guarded(*args, **kwargs)
+
+    def report_layout(self, numbering: Sequence[int]) -> None:
+        """Report the groups as they stand again, MindIO's rank of torch's rank r being ``numbering[r]`` (after a
+        downgrade the ranks are numbered anew; MindIO's are not)."""
+        if self.process is not None:
+            self.process.report_layout(*layout(numbering))
 
     def update(self, call: Callable[[], Any]) -> Any:
         """The optimizer's own update reported to MindIO as the step it completes (``tft_start_updating_os``
@@ -115,6 +112,22 @@ class MindioDriver:
 
     def exit(self, *args: Any) -> None:
         exit_now(EXIT_ON_ERROR)
+
+
+def layout(numbering: Sequence[int] | None = None) -> tuple[int, list[dict[str, object]], list[int]]:
+    """This rank, its optimizer replicas and its data-parallel group as MindIO numbers them (``numbering``: MindIO's
+    rank of each torch rank; None: the same)."""
+    import torch.distributed as dist
+
+    from ft_plugins.replicas import ReplicaLayout
+
+    mindio_rank = numbering.__getitem__ if numbering is not None else int
+    dp_ranks = [mindio_rank(rank) for rank in
+                dist.get_process_group_ranks(megatron("core.parallel_state").get_data_parallel_group())]
+    parsed = megatron_args()
+    # the distributed optimizer holds each shard once per instance; the non-distributed one, on every rank
+    replicas = parsed.num_distributed_optimizer_instances if parsed.use_distributed_optimizer else len(dp_ranks)
+    return mindio_rank(dist.get_rank()), ReplicaLayout.build(dp_ranks, replicas).mindio_replica_info(), dp_ranks
 
 
 def _declined(kind: str) -> Callable[..., None]:

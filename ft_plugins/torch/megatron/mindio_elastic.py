@@ -58,6 +58,7 @@ class MindioElastic(MindioRecovery):
         self.downgrades = 0
         self.lacking = ""  # what of ZIT this MindIO lacks (then recover's handlers and the dump only)
         self.replica: tuple[int, ...] = ()  # the global ranks of this rank's model replica
+        self.report_layout: Callable[[list[int]], None] = ttp.mindio.report_layout  # the groups, to MindIO
 
     def without_zit(self, lacking: str) -> None:
         """This MindIO has no ZIT: recover's handlers and its dump stay; a lost rank with no replacement takes
@@ -141,6 +142,7 @@ class MindioElastic(MindioRecovery):
         finally:
             self.resize.size = 0  # nothing half-set for a later handler: the dump takes what the groups hold
         self.downgrades += 1
+        self.report_layout(going)  # MindIO numbers the ranks as it started them; its dump's ranks follow the groups
         if place == 0:  # speaks for the job
             launcher = self._launcher_store()
             launcher.set(NODES, json.dumps(sorted({node for _, node, _ in found})))  # torchrun's exit barrier's
