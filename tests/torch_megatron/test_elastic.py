@@ -42,7 +42,8 @@ SIGKILLed whole (agent and workers): no replacement can come.
   stop and clean on the survivors, then the downgrade rebuild handler on each; rank 1 lost in step 5, MindIO's dump
   (its stop and clean first) of step 4, ``distrib_optim.pt`` whole, is bit for bit Megatron's own resume at DP=2.
   Without ``elastic`` its controller takes the dump of step 2 (bit for bit the DP=4 save of it) and the job ends
-  (negative control).
+  (negative control). With TP=2 x DP=4, node 1 (two whole replicas) lost: TP=2 x DP=2 to the end, both shards
+  bit for bit Megatron's own resume; each rank's new data-parallel group reported to MindIO again.
 - The lost node comes back after the scale-in (while rank 0 stands in the save of step 3): torchrun's agent stops
   its two workers, which dump step 3 (SIGTERM), and starts the job again at DP=4 with the node back, from that dump;
   the end is bit for bit Megatron's own resume at DP=4 from Megatron's own save of step 3 at DP=2. A rank killed
@@ -111,13 +112,17 @@ def blocked(tmp_path_factory: pytest.TempPathFactory) -> Nodes:
                        PYTHONPATH=path_first(FAKES / "blocking_backend"), FT_FAKE_BLOCKING="1", **ELASTIC)
 
 
-def _under_mindio(workdir: Path, plugins: str, **env: str) -> tuple[Nodes, list[dict]]:
-    """The DP=4 loss under MindIO's stand-in (ZIT on with ``elastic``), its controller in rank 0's process and the
-    processors of both nodes on one channel, in the shape MindSpeed-LLM's elastic training asks for: the distributed
-    optimizer (in 2 instances: the lost node's has a replica), bf16; the calls it recorded."""
+def _under_mindio(workdir: Path, plugins: str, *shape: str, lose: int = 2, per_node: int = 2,
+                  **env: str) -> tuple[Nodes, list[dict]]:
+    """The loss of rank ``lose``'s node in step 3 (DP=4, or ``shape``: Megatron's parallel sizes) under MindIO's
+    stand-in (ZIT on with ``elastic``), its controller in rank 0's process and the processors of both nodes on one
+    channel, in the shape MindSpeed-LLM's elastic training asks for: the distributed optimizer (in 2 instances: the
+    lost node's has a replica), bf16; the calls it recorded."""
     record = workdir / "mindio.jsonl"
-    job = elastic_job(workdir, "--train-iters", str(ITERS), "--distributed-timeout-minutes", "2", SHARDED[0], "--bf16",
-                      lose=(2,), **{**ELASTIC, "FT_PLUGINS": plugins, **env}, FT_PLUGINS_TTP_REPLICAS="2",
+    loss = {"FT_PLUGINS_INJECT_FAULT": f"rank={lose},step={COMPLETED},kind=stuck"}
+    job = elastic_job(workdir, "--train-iters", str(ITERS), "--distributed-timeout-minutes", "2", *shape, SHARDED[0],
+                      "--bf16", lose=(lose,), per_node=per_node, **{**ELASTIC, **loss, "FT_PLUGINS": plugins, **env},
+                      FT_PLUGINS_TTP_REPLICAS="2",
                       PYTHONPATH=path_first(FAKES), FT_FAKE_RECORD=str(record),
                       FT_FAKE_MINDIO_CHANNEL="elastic", TTP_ADDR="127.0.0.1", TTP_PORT=str(free_port()),
                       MINDIO_WAIT_MINDX_TIME="3")
@@ -130,6 +135,14 @@ def downgraded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Nodes, list[di
     clean first)."""
     faults = f"{LOSS['FT_PLUGINS_INJECT_FAULT']};rank=1,step={AFTER_DOWNGRADE},kind=kill"
     return _under_mindio(tmp_path_factory.mktemp("downgraded"), "ttp,recover,elastic", FT_PLUGINS_INJECT_FAULT=faults)
+
+
+@pytest.fixture(scope="module")
+def downgraded_tp(tmp_path_factory: pytest.TempPathFactory) -> tuple[Nodes, list[dict]]:
+    """TP=2 x DP=4 on two nodes of 4 ranks: node 1 (ranks 4 to 7, two whole model replicas, one optimizer instance)
+    lost in step 3; MindIO's downgrade, then ranks 0 to 3 train to the end at TP=2 x DP=2."""
+    return _under_mindio(tmp_path_factory.mktemp("downgraded_tp"), "ttp,recover,elastic", *TP.args, lose=4,
+                         per_node=4, **dict(TP.env))
 
 
 @pytest.fixture(scope="module")
@@ -209,6 +222,16 @@ def sharded_tp(tmp_path_factory: pytest.TempPathFactory) -> Nodes:
     return elastic_job(tmp_path_factory.mktemp("sharded_tp"), "--train-iters", str(ITERS), *TP.args, SHARDED[0],
                        "--bf16", per_node=4, lose=(4,), FT_PLUGINS_TTP_REPLICAS="2", **dict(TP.env),
                        **{**ELASTIC, "FT_PLUGINS_INJECT_FAULT": f"rank=4,step={COMPLETED},kind=stuck"})
+
+
+@pytest.fixture(scope="module")
+def sharded_tp_at_dp2(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    """Megatron's own resume at TP=2 x DP=2 of its TP=2 x DP=4 save of step 2 (the distributed optimizer in 2
+    instances, bf16)."""
+    shape = (*TP.args, *SHARDED, "--bf16")
+    reference = Launch(8, shape, TP.env).reference(tmp_path_factory.mktemp("sharded_tp_reference"), *DP4.args)
+    return _megatron_resume(reference, Launch(4, shape, TP.env), tmp_path_factory.mktemp("sharded_tp_at_dp2"),
+                            *DP4.args)
 
 
 @pytest.fixture(scope="module")
@@ -459,17 +482,13 @@ def test_the_distributed_optimizer_is_laid_out_again_in_place_bit_for_bit_megatr
 
 
 def test_with_tensor_parallelism_each_shards_optimizer_is_laid_out_again_bit_for_bit(
-        sharded_tp: Nodes, tmp_path_factory: pytest.TempPathFactory) -> None:
+        sharded_tp: Nodes, sharded_tp_at_dp2: Job) -> None:
     """TP=2 x DP=4 -> TP=2 x DP=2: each tensor-parallel rank's ranges move inside its own new data-parallel group;
     both shards' saves, ``distrib_optim.pt`` whole, are Megatron's own resume at TP=2 x DP=2."""
     nodes = sharded_tp
     assert nodes.codes[0] == 0, nodes.outputs[0][-5000:]
     assert nodes.job.lines("4 ranks go on at data-parallel size 2 (was 4), the global batch 4 kept")
-    shape = (*TP.args, *SHARDED, "--bf16")
-    reference = Launch(8, shape, TP.env).reference(tmp_path_factory.mktemp("sharded_tp_reference"), *DP4.args)
-    resumed = _megatron_resume(reference, Launch(4, shape, TP.env), tmp_path_factory.mktemp("sharded_tp_at_dp2"),
-                               *DP4.args)
-    _same_sharded_save(nodes.job, resumed, ITERS, SHARDS)
+    _same_sharded_save(nodes.job, sharded_tp_at_dp2, ITERS, SHARDS)
 
 
 def test_with_pipeline_stages_the_healthy_stage_leaves_and_each_stages_optimizer_is_laid_out_again(
@@ -618,6 +637,32 @@ def test_under_mindio_its_downgrade_scales_in_and_dumps_as_megatrons_own_resume_
     assert not nodes.job.lines("loading checkpoint"), "no checkpoint read"
     assert len(nodes.job.lines("laid the distributed optimizer out for data-parallel size 2")) == 2
     _same_sharded_save(nodes.job, sharded_at_dp2, AFTER_DOWNGRADE)  # distrib_optim.pt whole
+
+
+def test_under_mindio_with_tensor_parallelism_its_downgrade_lays_each_shards_optimizer_out_again(
+        downgraded_tp: tuple[Nodes, list[dict]], sharded_tp_at_dp2: Job) -> None:
+    """TP=2 x DP=4 -> TP=2 x DP=2 by MindIO's downgrade: it keeps ranks 0 to 3, each tensor-parallel rank's new
+    data-parallel group reported to it again; both shards' final saves, ``distrib_optim.pt`` whole, are Megatron's
+    own resume at TP=2 x DP=2."""
+    nodes, calls = downgraded_tp
+    assert nodes.codes[0] == 0, nodes.outputs[0][-5000:]
+    assert not [call for call in calls if call["api"].startswith("fake_processor_")], calls  # no handler refused
+    rebuilt = {rank: payload for action, rank, payload, answer in
+               (entry for entry in _controller(calls) if entry[0] == "zit_downgrade_rebuild") if answer == 0}
+    groups = {0: [0, 2], 1: [1, 3], 2: [0, 2], 3: [1, 3]}  # each tensor-parallel rank's data-parallel group at DP=2
+    assert rebuilt == {rank: repr((group, [0, 1, 2, 3], '{"scale-in-strategy": "DP"}'))
+                       for rank, group in groups.items()}, rebuilt
+    for rank, group in groups.items():
+        reported = [call["args"] for call in calls if call["rank"] == str(rank)
+                    and call["api"] == "tft_set_dp_group_info"]
+        assert reported == [[rank, repr([rank % 2 + 2 * index for index in range(4)])], [rank, repr(group)]], reported
+    assert nodes.job.lines("elastic: MindIO's downgrade for ranks 4, 5, 6, 7: 4 ranks go on at data-parallel size 2 "
+                           "(was 4), the global batch 4 kept")
+    for step in range(1, ITERS + 1):  # no step lost, none twice
+        assert len(nodes.job.lines(f"iteration        {step}/       {ITERS}")) == 1, step
+    assert not nodes.job.lines("loading checkpoint"), "no checkpoint read"
+    assert len(nodes.job.lines("laid the distributed optimizer out for data-parallel size 2")) == 4
+    _same_sharded_save(nodes.job, sharded_tp_at_dp2, ITERS, SHARDS)
 
 
 def test_negative_control_under_mindio_without_elastic_the_same_loss_ends_the_job_in_the_dump(
