@@ -43,7 +43,9 @@ SIGKILLed whole (agent and workers): no replacement can come.
   (its stop and clean first) of step 4, ``distrib_optim.pt`` whole, is bit for bit Megatron's own resume at DP=2.
   Without ``elastic`` its controller takes the dump of step 2 (bit for bit the DP=4 save of it) and the job ends
   (negative control). With TP=2 x DP=4, node 1 (two whole replicas) lost: TP=2 x DP=2 to the end, both shards
-  bit for bit Megatron's own resume; each rank's new data-parallel group reported to MindIO again.
+  bit for bit Megatron's own resume; each rank's new data-parallel group reported to MindIO again. With PP=2 x DP=4,
+  node 3 (stage 1 of two replicas) lost: their stage 0 ended by ClusterD's faultNodesExit, PP=2 x DP=2 to the end,
+  both stages bit for bit Megatron's own resume; ranks 4 and 5 report their groups in MindIO's numbering.
 - The lost node comes back after the scale-in (while rank 0 stands in the save of step 3): torchrun's agent stops
   its two workers, which dump step 3 (SIGTERM), and starts the job again at DP=4 with the node back, from that dump;
   the end is bit for bit Megatron's own resume at DP=4 from Megatron's own save of step 3 at DP=2. A rank killed
@@ -112,7 +114,7 @@ def blocked(tmp_path_factory: pytest.TempPathFactory) -> Nodes:
                        PYTHONPATH=path_first(FAKES / "blocking_backend"), FT_FAKE_BLOCKING="1", **ELASTIC)
 
 
-def _under_mindio(workdir: Path, plugins: str, *shape: str, lose: int = 2, per_node: int = 2,
+def _under_mindio(workdir: Path, plugins: str, *shape: str, lose: int = 2, nodes: int = 2, per_node: int = 2,
                   **env: str) -> tuple[Nodes, list[dict]]:
     """The loss of rank ``lose``'s node in step 3 (DP=4, or ``shape``: Megatron's parallel sizes) under MindIO's
     stand-in (ZIT on with ``elastic``), its controller in rank 0's process and the processors of both nodes on one
@@ -121,7 +123,7 @@ def _under_mindio(workdir: Path, plugins: str, *shape: str, lose: int = 2, per_n
     record = workdir / "mindio.jsonl"
     loss = {"FT_PLUGINS_INJECT_FAULT": f"rank={lose},step={COMPLETED},kind=stuck"}
     job = elastic_job(workdir, "--train-iters", str(ITERS), "--distributed-timeout-minutes", "2", *shape, SHARDED[0],
-                      "--bf16", lose=(lose,), per_node=per_node, **{**ELASTIC, **loss, "FT_PLUGINS": plugins, **env},
+                      "--bf16", lose=(lose,), nodes=nodes, per_node=per_node, **{**ELASTIC, **loss, "FT_PLUGINS": plugins, **env},
                       FT_PLUGINS_TTP_REPLICAS="2",
                       PYTHONPATH=path_first(FAKES), FT_FAKE_RECORD=str(record),
                       FT_FAKE_MINDIO_CHANNEL="elastic", TTP_ADDR="127.0.0.1", TTP_PORT=str(free_port()),
@@ -143,6 +145,15 @@ def downgraded_tp(tmp_path_factory: pytest.TempPathFactory) -> tuple[Nodes, list
     lost in step 3; MindIO's downgrade, then ranks 0 to 3 train to the end at TP=2 x DP=2."""
     return _under_mindio(tmp_path_factory.mktemp("downgraded_tp"), "ttp,recover,elastic", *TP.args, lose=4,
                          per_node=4, **dict(TP.env))
+
+
+@pytest.fixture(scope="module")
+def downgraded_pp(tmp_path_factory: pytest.TempPathFactory) -> tuple[Nodes, list[dict]]:
+    """PP=2 x DP=4 on four nodes of 2 ranks: node 3 (stage 1 of replicas 2 and 3, ranks 6 and 7) lost in step 3;
+    MindIO isolates their stage 0 too (node 1, ranks 2 and 3: ClusterD's faultNodesExit ends them) and ranks 0, 1, 4
+    and 5 train to the end at PP=2 x DP=2."""
+    return _under_mindio(tmp_path_factory.mktemp("downgraded_pp"), "ttp,recover,elastic", *PIPELINE.args, lose=6,
+                         nodes=4, **dict(PIPELINE.env))
 
 
 @pytest.fixture(scope="module")
@@ -232,6 +243,15 @@ def sharded_tp_at_dp2(tmp_path_factory: pytest.TempPathFactory) -> Job:
     reference = Launch(8, shape, TP.env).reference(tmp_path_factory.mktemp("sharded_tp_reference"), *DP4.args)
     return _megatron_resume(reference, Launch(4, shape, TP.env), tmp_path_factory.mktemp("sharded_tp_at_dp2"),
                             *DP4.args)
+
+
+@pytest.fixture(scope="module")
+def sharded_pp_at_dp2(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    """Megatron's own resume at PP=2 x DP=2 of its PP=2 x DP=4 save of step 2 (the distributed optimizer in 2
+    instances, bf16)."""
+    shape = (*PIPELINE.args, *SHARDED)
+    reference = Launch(8, shape, PIPELINE.env).reference(tmp_path_factory.mktemp("sharded_pp_reference"))
+    return _megatron_resume(reference, Launch(4, shape, PIPELINE.env), tmp_path_factory.mktemp("sharded_pp_at_dp2"))
 
 
 @pytest.fixture(scope="module")
@@ -492,7 +512,7 @@ def test_with_tensor_parallelism_each_shards_optimizer_is_laid_out_again_bit_for
 
 
 def test_with_pipeline_stages_the_healthy_stage_leaves_and_each_stages_optimizer_is_laid_out_again(
-        sharded_pipelined: Nodes, tmp_path_factory: pytest.TempPathFactory) -> None:
+        sharded_pipelined: Nodes, sharded_pp_at_dp2: Job) -> None:
     """PP=2 x DP=4 -> PP=2 x DP=2: ranks 2 and 3, the healthy stage 0 of the dropped replicas, leave (exit code 0,
     their node's agent done); both stages' saves, ``distrib_optim.pt`` whole, are Megatron's own resume at
     PP=2 x DP=2."""
@@ -500,10 +520,7 @@ def test_with_pipeline_stages_the_healthy_stage_leaves_and_each_stages_optimizer
     assert nodes.codes == (0, 0, 0, -9), nodes.outputs[0][-5000:]
     assert nodes.job.lines("elastic: rank 2 leaves the job") and nodes.job.lines("elastic: rank 3 leaves the job")
     assert nodes.job.lines("4 ranks go on at data-parallel size 2 (was 4), the global batch 4 kept")
-    shape = (*PIPELINE.args, *SHARDED)
-    reference = Launch(8, shape, PIPELINE.env).reference(tmp_path_factory.mktemp("sharded_pp_reference"))
-    resumed = _megatron_resume(reference, Launch(4, shape, PIPELINE.env), tmp_path_factory.mktemp("sharded_pp_at_dp2"))
-    _same_sharded_save(nodes.job, resumed, ITERS, STAGES)
+    _same_sharded_save(nodes.job, sharded_pp_at_dp2, ITERS, STAGES)
 
 
 def test_the_laid_out_shards_dump_whole_and_the_job_grows_back_from_them_exactly(
@@ -663,6 +680,33 @@ def test_under_mindio_with_tensor_parallelism_its_downgrade_lays_each_shards_opt
     assert not nodes.job.lines("loading checkpoint"), "no checkpoint read"
     assert len(nodes.job.lines("laid the distributed optimizer out for data-parallel size 2")) == 4
     _same_sharded_save(nodes.job, sharded_tp_at_dp2, ITERS, SHARDS)
+
+
+def test_under_mindio_with_pipeline_stages_its_downgrade_lays_each_stages_optimizer_out_again(
+        downgraded_pp: tuple[Nodes, list[dict]], sharded_pp_at_dp2: Job) -> None:
+    """PP=2 x DP=4 -> PP=2 x DP=2 by MindIO's downgrade: it keeps ranks 0, 1, 4 and 5 (numbered 0 to 3 after it) and
+    ends the healthy stage 0 of the dropped replicas; each rank's new data-parallel group goes to MindIO again in
+    MindIO's numbering; both stages' final saves, ``distrib_optim.pt`` whole, are Megatron's own resume at
+    PP=2 x DP=2."""
+    nodes, calls = downgraded_pp
+    assert nodes.codes[0] == 0, nodes.outputs[0][-5000:]
+    assert not [call for call in calls if call["api"].startswith("fake_processor_")], calls  # no handler refused
+    done = _controller(calls)
+    rebuilt = {rank: payload for action, rank, payload, answer in
+               (entry for entry in done if entry[0] == "zit_downgrade_rebuild") if answer == 0}
+    groups = {0: [0, 1], 1: [0, 1], 4: [4, 5], 5: [4, 5]}  # each stage's data-parallel group at DP=2, MindIO's ranks
+    assert rebuilt == {rank: repr((group, [0, 1, 4, 5], '{"scale-in-strategy": "DP"}'))
+                       for rank, group in groups.items()}, rebuilt
+    assert ("fault_nodes_exit", repr([2, 3])) in done, done
+    for rank, group in groups.items():
+        reported = [call["args"] for call in calls if call["rank"] == str(rank)
+                    and call["api"] == "tft_set_dp_group_info"]
+        assert reported == [[rank, repr([rank // 4 * 4 + index for index in range(4)])], [rank, repr(group)]], \
+            reported
+    assert nodes.job.lines("elastic: MindIO's downgrade for ranks 2, 3, 6, 7: 4 ranks go on at data-parallel size 2 "
+                           "(was 4), the global batch 4 kept")
+    assert not nodes.job.lines("loading checkpoint"), "no checkpoint read"
+    _same_sharded_save(nodes.job, sharded_pp_at_dp2, ITERS, STAGES)
 
 
 def test_negative_control_under_mindio_without_elastic_the_same_loss_ends_the_job_in_the_dump(
