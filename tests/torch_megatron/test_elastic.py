@@ -123,8 +123,8 @@ def _under_mindio(workdir: Path, plugins: str, *shape: str, lose: int = 2, nodes
     record = workdir / "mindio.jsonl"
     loss = {"FT_PLUGINS_INJECT_FAULT": f"rank={lose},step={COMPLETED},kind=stuck"}
     job = elastic_job(workdir, "--train-iters", str(ITERS), "--distributed-timeout-minutes", "2", *shape, SHARDED[0],
-                      "--bf16", lose=(lose,), nodes=nodes, per_node=per_node, **{**ELASTIC, **loss, "FT_PLUGINS": plugins, **env},
-                      FT_PLUGINS_TTP_REPLICAS="2",
+                      "--bf16", lose=(lose,), nodes=nodes, per_node=per_node,
+                      **{**ELASTIC, **loss, "FT_PLUGINS": plugins, **env}, FT_PLUGINS_TTP_REPLICAS="2",
                       PYTHONPATH=path_first(FAKES), FT_FAKE_RECORD=str(record),
                       FT_FAKE_MINDIO_CHANNEL="elastic", TTP_ADDR="127.0.0.1", TTP_PORT=str(free_port()),
                       MINDIO_WAIT_MINDX_TIME="3")
@@ -616,6 +616,17 @@ def _controller(calls: list[dict]) -> list[tuple]:
             if call["api"].startswith("fake_controller_")]
 
 
+def _rebuilt(calls: list[dict]) -> dict[int, str]:
+    """The downgrade rebuilds MindIO's stand-in called that answered 0: rank -> its arguments."""
+    return {rank: payload for action, rank, payload, answer in
+            (entry for entry in _controller(calls) if entry[0] == "zit_downgrade_rebuild") if answer == 0}
+
+
+def _reported_groups(calls: list[dict], rank: int) -> list[list]:
+    """What ``rank`` told MindIO its data-parallel group was (``tft_set_dp_group_info``), in order."""
+    return [call["args"] for call in calls if call["rank"] == str(rank) and call["api"] == "tft_set_dp_group_info"]
+
+
 def test_under_mindio_its_downgrade_scales_in_and_dumps_as_megatrons_own_resume_at_the_smaller_size(
         downgraded: tuple[Nodes, list[dict]], sharded_at_dp2: Job) -> None:
     """The downgrade, then rank 1 lost in step 5: MindIO's dump (after its stop and clean, which hold the groups at
@@ -664,14 +675,11 @@ def test_under_mindio_with_tensor_parallelism_its_downgrade_lays_each_shards_opt
     nodes, calls = downgraded_tp
     assert nodes.codes[0] == 0, nodes.outputs[0][-5000:]
     assert not [call for call in calls if call["api"].startswith("fake_processor_")], calls  # no handler refused
-    rebuilt = {rank: payload for action, rank, payload, answer in
-               (entry for entry in _controller(calls) if entry[0] == "zit_downgrade_rebuild") if answer == 0}
     groups = {0: [0, 2], 1: [1, 3], 2: [0, 2], 3: [1, 3]}  # each tensor-parallel rank's data-parallel group at DP=2
-    assert rebuilt == {rank: repr((group, [0, 1, 2, 3], '{"scale-in-strategy": "DP"}'))
-                       for rank, group in groups.items()}, rebuilt
+    assert _rebuilt(calls) == {rank: repr((group, [0, 1, 2, 3], '{"scale-in-strategy": "DP"}'))
+                               for rank, group in groups.items()}, _rebuilt(calls)
     for rank, group in groups.items():
-        reported = [call["args"] for call in calls if call["rank"] == str(rank)
-                    and call["api"] == "tft_set_dp_group_info"]
+        reported = _reported_groups(calls, rank)
         assert reported == [[rank, repr([rank % 2 + 2 * index for index in range(4)])], [rank, repr(group)]], reported
     assert nodes.job.lines("elastic: MindIO's downgrade for ranks 4, 5, 6, 7: 4 ranks go on at data-parallel size 2 "
                            "(was 4), the global batch 4 kept")
@@ -691,16 +699,12 @@ def test_under_mindio_with_pipeline_stages_its_downgrade_lays_each_stages_optimi
     nodes, calls = downgraded_pp
     assert nodes.codes[0] == 0, nodes.outputs[0][-5000:]
     assert not [call for call in calls if call["api"].startswith("fake_processor_")], calls  # no handler refused
-    done = _controller(calls)
-    rebuilt = {rank: payload for action, rank, payload, answer in
-               (entry for entry in done if entry[0] == "zit_downgrade_rebuild") if answer == 0}
     groups = {0: [0, 1], 1: [0, 1], 4: [4, 5], 5: [4, 5]}  # each stage's data-parallel group at DP=2, MindIO's ranks
-    assert rebuilt == {rank: repr((group, [0, 1, 4, 5], '{"scale-in-strategy": "DP"}'))
-                       for rank, group in groups.items()}, rebuilt
-    assert ("fault_nodes_exit", repr([2, 3])) in done, done
+    assert _rebuilt(calls) == {rank: repr((group, [0, 1, 4, 5], '{"scale-in-strategy": "DP"}'))
+                               for rank, group in groups.items()}, _rebuilt(calls)
+    assert ("fault_nodes_exit", repr([2, 3])) in _controller(calls), _controller(calls)
     for rank, group in groups.items():
-        reported = [call["args"] for call in calls if call["rank"] == str(rank)
-                    and call["api"] == "tft_set_dp_group_info"]
+        reported = _reported_groups(calls, rank)
         assert reported == [[rank, repr([rank // 4 * 4 + index for index in range(4)])], [rank, repr(group)]], \
             reported
     assert nodes.job.lines("elastic: MindIO's downgrade for ranks 2, 3, 6, 7: 4 ranks go on at data-parallel size 2 "
